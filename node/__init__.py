@@ -1,0 +1,1 @@
+"""verinfer node: executer and validator for verifiable LLM inference."""

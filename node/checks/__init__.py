@@ -1,0 +1,1 @@
+"""Checks on an artifact: measurements (frozen results) separate from decisions."""

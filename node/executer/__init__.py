@@ -1,0 +1,1 @@
+"""Executer mode: seeded generation that commits an artifact beside the inference engine."""

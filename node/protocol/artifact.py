@@ -1,0 +1,316 @@
+"""The artifact (DESIGN.md §2): header, per-position leaves, roots, and its canonical wire form.
+
+Binary layout (all big-endian):
+
+header = bytes32 model_id ‖ uint32 temperature_bits ‖ uint32 top_p_bits ‖ uint32 top_k
+         ‖ uint32 max_tokens ‖ uint32 K ‖ bytes32 run_seed ‖ uint32 P ‖ P × uint32 prompt_id
+         ‖ uint32 output_length
+leaf_i = uint32 i ‖ uint32 chosen ‖ K × (uint32 token_id ‖ uint32 weight ‖ float32 raw_logprob)
+wire   = one zstd frame, content size declared, of header ‖ leaf_0 ‖ … ‖ leaf_{N-1}
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import zstandard
+
+from node.protocol.errors import InvalidArtifact, InvalidParams, Reason
+from node.protocol.hashing import keccak256
+from node.protocol.merkle import compute_leaf_hash, compute_merkle_proof, compute_merkle_root
+from node.protocol.sampler import MAX_K, PositionSample, SamplingParams
+
+MAX_PROMPT_TOKENS = 131_072
+MAX_OUTPUT_TOKENS = 32_768
+MAX_ARTIFACT_BYTES = 32 * 2**20
+MAX_WIRE_BYTES = 32 * 2**20
+ZSTD_LEVEL = 3
+
+_HEAD = struct.Struct(">32sIIIII32sI")  # up to and including the prompt length
+_U32 = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class ArtifactHeader:
+    """What the executer commits to about the whole inference."""
+
+    model_id: bytes
+    temperature_bits: int
+    top_p_bits: int
+    top_k: int
+    max_tokens: int
+    k: int
+    run_seed: bytes
+    prompt_token_ids: tuple[int, ...]
+    output_length: int
+
+    @property
+    def params(self) -> SamplingParams:
+        """Return the sampling params the header declares (raises InvalidParams if out of domain)."""
+        return SamplingParams.from_bits(self.temperature_bits, self.top_p_bits, self.top_k, self.max_tokens)
+
+
+@dataclass(frozen=True, eq=False)
+class Positions:
+    """All leaves of an artifact, column-wise: chosen (N,), token_ids/weights/raw_logprobs (N, K)."""
+
+    chosen: np.ndarray
+    token_ids: np.ndarray
+    weights: np.ndarray
+    raw_logprobs: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.chosen.shape[0] if self.chosen.ndim == 1 else -1
+        shapes = {self.token_ids.shape, self.weights.shape, self.raw_logprobs.shape}
+        if n < 0 or len(shapes) != 1 or len(next(iter(shapes))) != 2 or next(iter(shapes))[0] != n:
+            raise InvalidArtifact("positions columns have inconsistent shapes", Reason.NON_CANONICAL)
+        for arr in (self.chosen, self.token_ids, self.weights, self.raw_logprobs):
+            arr.flags.writeable = False
+
+    def __len__(self) -> int:
+        return int(self.chosen.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Positions) and encode_leaves(self) == encode_leaves(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def k(self) -> int:
+        """Return K, the number of candidates per position."""
+        return int(self.token_ids.shape[1])
+
+
+@dataclass(frozen=True, eq=False)
+class Artifact:
+    """Header plus positions; the unit that is committed, stored and transported."""
+
+    header: ArtifactHeader
+    positions: Positions
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Artifact) and self.header == other.header and self.positions == other.positions
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @cached_property
+    def leaf_hashes(self) -> list[bytes]:
+        """Return the Merkle leaf hash of every position."""
+        return compute_leaf_hashes(self.positions)
+
+    @cached_property
+    def root(self) -> bytes:
+        """Return artifactRoot."""
+        return compute_artifact_root_from_leaf_hashes(self.header, self.leaf_hashes)
+
+
+def make_positions(chosen: Sequence[int] | np.ndarray, token_ids: np.ndarray | Sequence[Sequence[int]],
+                   weights: np.ndarray | Sequence[Sequence[int]],
+                   raw_logprobs: np.ndarray | Sequence[Sequence[float]]) -> Positions:
+    """Return Positions from column data (copied into canonical dtypes)."""
+    try:
+        return Positions(
+            chosen=np.array(chosen, dtype=np.int64).reshape(-1),
+            token_ids=np.array(token_ids, dtype=np.int64),
+            weights=np.array(weights, dtype=np.int64),
+            raw_logprobs=np.array(raw_logprobs, dtype=np.float32),
+        )
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidArtifact(f"positions are not rectangular numeric data: {exc}", Reason.NON_CANONICAL) from exc
+
+
+def positions_from_samples(samples: Sequence[PositionSample], k: int) -> Positions:
+    """Return Positions built from the sampler's per-step records."""
+    if not samples:
+        return make_positions(np.zeros(0), np.zeros((0, k)), np.zeros((0, k)), np.zeros((0, k)))
+    return make_positions(
+        [s.chosen for s in samples],
+        [s.token_ids for s in samples],
+        [s.weights for s in samples],
+        [s.raw_logprobs for s in samples],
+    )
+
+
+def _leaf_dtype(k: int) -> np.dtype:
+    candidate = np.dtype([("id", ">u4"), ("weight", ">u4"), ("logprob", ">f4")])
+    return np.dtype([("i", ">u4"), ("chosen", ">u4"), ("cand", candidate, (k,))])
+
+
+def leaf_size(k: int) -> int:
+    """Return the encoded size of one leaf in bytes."""
+    return 8 + 12 * k
+
+
+def _require_u32_columns(positions: Positions) -> None:
+    for name in ("chosen", "token_ids", "weights"):
+        col = getattr(positions, name)
+        if col.size and (col.min() < 0 or col.max() > 0xFFFFFFFF):
+            raise InvalidArtifact(f"{name} has values outside uint32", Reason.NON_CANONICAL)
+
+
+def encode_leaves(positions: Positions) -> bytes:
+    """Return every leaf's canonical encoding, concatenated in position order."""
+    _require_u32_columns(positions)
+    rows = np.zeros(len(positions), dtype=_leaf_dtype(positions.k))
+    rows["i"] = np.arange(len(positions), dtype=np.uint32)
+    rows["chosen"] = positions.chosen
+    rows["cand"]["id"] = positions.token_ids
+    rows["cand"]["weight"] = positions.weights
+    rows["cand"]["logprob"] = positions.raw_logprobs
+    return rows.tobytes()
+
+
+def encode_leaf(positions: Positions, i: int) -> bytes:
+    """Return the canonical encoding of leaf i."""
+    size = leaf_size(positions.k)
+    return encode_leaves(positions)[i * size:(i + 1) * size]
+
+
+def encode_header(header: ArtifactHeader) -> bytes:
+    """Return the canonical big-endian encoding of the header."""
+    if len(header.model_id) != 32 or len(header.run_seed) != 32:
+        raise InvalidArtifact("model_id and run_seed must be 32 bytes", Reason.NON_CANONICAL)
+    try:
+        head = _HEAD.pack(header.model_id, header.temperature_bits, header.top_p_bits, header.top_k,
+                          header.max_tokens, header.k, header.run_seed, len(header.prompt_token_ids))
+        prompt = struct.pack(f">{len(header.prompt_token_ids)}I", *header.prompt_token_ids)
+        return head + prompt + _U32.pack(header.output_length)
+    except struct.error as exc:
+        raise InvalidArtifact(f"header field outside uint32: {exc}", Reason.NON_CANONICAL) from exc
+
+
+def encode_artifact(artifact: Artifact) -> bytes:
+    """Return header ‖ leaves, the uncompressed canonical form."""
+    return encode_header(artifact.header) + encode_leaves(artifact.positions)
+
+
+def compute_leaf_hashes(positions: Positions) -> list[bytes]:
+    """Return keccak256(keccak256(leaf)) for every position."""
+    blob = encode_leaves(positions)
+    size = leaf_size(positions.k)
+    return [compute_leaf_hash(blob[j:j + size]) for j in range(0, len(blob), size)]
+
+
+def compute_positions_root(positions: Positions) -> bytes:
+    """Return positionsRoot, the Merkle root over the leaves."""
+    return compute_merkle_root(compute_leaf_hashes(positions))
+
+
+def compute_artifact_root_from_leaf_hashes(header: ArtifactHeader, leaf_hashes: Sequence[bytes]) -> bytes:
+    """Return artifactRoot = keccak256(keccak256(header) ‖ positionsRoot)."""
+    return keccak256(keccak256(encode_header(header)) + compute_merkle_root(leaf_hashes))
+
+
+def compute_artifact_root(header: ArtifactHeader, positions: Positions) -> bytes:
+    """Return artifactRoot for a header and its positions."""
+    return compute_artifact_root_from_leaf_hashes(header, compute_leaf_hashes(positions))
+
+
+def compute_leaf_proof(artifact: Artifact, i: int) -> list[bytes]:
+    """Return the Merkle proof of leaf i against positionsRoot (for an on-chain fraud proof)."""
+    return compute_merkle_proof(artifact.leaf_hashes, i)
+
+
+def compute_output_hash(output_ids: Sequence[int] | np.ndarray) -> bytes:
+    """Return outputHash = keccak256(uint32 token ids, packed big-endian)."""
+    ids = np.asarray(output_ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
+        raise InvalidParams("output token ids must be uint32", Reason.OUT_OF_RANGE)
+    return keccak256(ids.astype(">u4").tobytes())
+
+
+def encode_artifact_wire(artifact: Artifact) -> bytes:
+    """Return the wire form: one zstd frame (content size declared) of the canonical encoding."""
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(encode_artifact(artifact))
+
+
+def decode_artifact_wire(data: bytes) -> Artifact:
+    """Return the artifact in a wire payload, or raise InvalidArtifact for anything non-canonical."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArtifact("wire payload must be bytes", Reason.WIRE_MALFORMED)
+    data = bytes(data)
+    if len(data) > MAX_WIRE_BYTES:
+        raise InvalidArtifact(f"wire payload of {len(data)} bytes exceeds {MAX_WIRE_BYTES}", Reason.WIRE_TOO_LARGE)
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise InvalidArtifact(f"not a zstd frame: {exc}", Reason.WIRE_MALFORMED) from exc
+    if size < 0:
+        raise InvalidArtifact("zstd frame does not declare its content size", Reason.WIRE_MALFORMED)
+    if size > MAX_ARTIFACT_BYTES:
+        raise InvalidArtifact(f"declared size {size} exceeds {MAX_ARTIFACT_BYTES}", Reason.ARTIFACT_TOO_LARGE)
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data)  # bounded by the declared size
+        rest = zstandard.ZstdDecompressor().decompressobj()
+        rest.decompress(data)
+    except zstandard.ZstdError as exc:
+        raise InvalidArtifact(f"corrupt zstd frame: {exc}", Reason.WIRE_MALFORMED) from exc
+    if len(raw) != size or rest.unused_data:
+        raise InvalidArtifact("bytes after the zstd frame or size mismatch", Reason.TRAILING_BYTES)
+    return decode_artifact(raw)
+
+
+def decode_header(raw: bytes) -> tuple[ArtifactHeader, int]:
+    """Return the header at the start of raw and its encoded length."""
+    if len(raw) < _HEAD.size:
+        raise InvalidArtifact("header truncated", Reason.TRUNCATED)
+    model_id, t_bits, p_bits, top_k, max_tokens, k, seed, prompt_len = _HEAD.unpack_from(raw)
+    if prompt_len > MAX_PROMPT_TOKENS:
+        raise InvalidArtifact(f"prompt of {prompt_len} tokens exceeds {MAX_PROMPT_TOKENS}", Reason.LIMIT_EXCEEDED)
+    if not 1 <= k <= MAX_K:
+        raise InvalidArtifact(f"K={k} outside [1, {MAX_K}]", Reason.LIMIT_EXCEEDED)
+    end = _HEAD.size + 4 * prompt_len + 4
+    if len(raw) < end:
+        raise InvalidArtifact("header truncated in prompt ids", Reason.TRUNCATED)
+    prompt = struct.unpack_from(f">{prompt_len}I", raw, _HEAD.size)
+    (output_length,) = _U32.unpack_from(raw, end - 4)
+    if output_length > MAX_OUTPUT_TOKENS:
+        raise InvalidArtifact(f"output of {output_length} tokens exceeds {MAX_OUTPUT_TOKENS}", Reason.LIMIT_EXCEEDED)
+    header = ArtifactHeader(model_id, t_bits, p_bits, top_k, max_tokens, k, seed, prompt, output_length)
+    try:
+        header.params
+    except InvalidParams as exc:
+        raise InvalidArtifact(f"sampling params out of domain: {exc}", Reason.NON_CANONICAL) from exc
+    return header, end
+
+
+def decode_positions(blob: bytes, k: int, count: int) -> Positions:
+    """Return count leaves of K candidates from blob, which must hold exactly them."""
+    expected = count * leaf_size(k)
+    if len(blob) < expected:
+        raise InvalidArtifact(f"leaves truncated: {len(blob)} of {expected} bytes", Reason.TRUNCATED)
+    if len(blob) > expected:
+        raise InvalidArtifact(f"{len(blob) - expected} bytes after the last leaf", Reason.TRAILING_BYTES)
+    rows = np.frombuffer(blob, dtype=_leaf_dtype(k), count=count)
+    _require_canonical_rows(rows)
+    return make_positions(rows["chosen"], rows["cand"]["id"], rows["cand"]["weight"], rows["cand"]["logprob"])
+
+
+def _first(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+def _require_canonical_rows(rows: np.ndarray) -> None:
+    bad_index = _first(rows["i"] != np.arange(rows.shape[0], dtype=np.uint32))
+    if bad_index is not None:
+        raise InvalidArtifact("leaf index differs from its position", Reason.BAD_POSITION_INDEX, bad_index)
+    bad_lp = _first(~np.isfinite(rows["cand"]["logprob"]).all(axis=1))
+    if bad_lp is not None:
+        raise InvalidArtifact("NaN or inf raw logprob", Reason.NON_FINITE_LOGPROB, bad_lp)
+    ids = np.sort(rows["cand"]["id"].astype(np.int64), axis=1)
+    dup = _first((ids[:, 1:] == ids[:, :-1]).any(axis=1))
+    if dup is not None:
+        raise InvalidArtifact("duplicate candidate token id", Reason.DUPLICATE_TOKEN_ID, dup)
+
+
+def decode_artifact(raw: bytes) -> Artifact:
+    """Return the artifact in its uncompressed canonical encoding, or raise InvalidArtifact."""
+    if len(raw) > MAX_ARTIFACT_BYTES:
+        raise InvalidArtifact(f"artifact of {len(raw)} bytes exceeds {MAX_ARTIFACT_BYTES}", Reason.ARTIFACT_TOO_LARGE)
+    header, end = decode_header(raw)
+    return Artifact(header, decode_positions(raw[end:], header.k, header.output_length))

@@ -1,0 +1,85 @@
+"""Reason codes and the root of verinfer's exception tree.
+
+The root lives here, in the pure protocol package, so that protocol code can raise typed errors
+without importing anything outside ``node.protocol``; ``node.errors`` re-exports it and adds the
+adapter-level branches (recoverable, fatal).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Reason(IntEnum):
+    """Why something was rejected; uint16 on the wire and on chain (Verdict.reason)."""
+
+    OK = 0
+
+    # Sampling parameters and inputs to the sampler (1xx).
+    INVALID_TEMPERATURE = 100
+    INVALID_TOP_P = 101
+    INVALID_TOP_K = 102
+    INVALID_K = 103
+    NON_FINITE_LOGITS = 104
+    VOCAB_TOO_LARGE = 105
+    OUT_OF_RANGE = 106
+
+    # Artifact decoding (2xx).
+    WIRE_TOO_LARGE = 200
+    WIRE_MALFORMED = 201
+    ARTIFACT_TOO_LARGE = 202
+    TRUNCATED = 203
+    TRAILING_BYTES = 204
+    LIMIT_EXCEEDED = 205
+    BAD_POSITION_INDEX = 206
+    NON_FINITE_LOGPROB = 207
+    NON_CANONICAL = 208
+
+    # Stage 1, header and commitments (3xx).
+    SEED_MISMATCH = 300
+    MODEL_MISMATCH = 301
+    PARAMS_MISMATCH = 302
+    K_MISMATCH = 303
+    OUTPUT_LENGTH_MISMATCH = 304
+    OUTPUT_TOO_LONG = 305
+    OUTPUT_HASH_MISMATCH = 306
+    ARTIFACT_ROOT_MISMATCH = 307
+    PROMPT_MISMATCH = 308
+
+    # Stage 1, per position (4xx): the same codes the contract's fraud proof uses.
+    CANDIDATE_ID_OUT_OF_RANGE = 400
+    DUPLICATE_TOKEN_ID = 401
+    WEIGHT_OUT_OF_RANGE = 402
+    WEIGHTS_NOT_SORTED = 403
+    WEIGHT_SUM_OVERFLOW = 404
+    CHOSEN_OUT_OF_RANGE = 405
+    CHOSEN_MISMATCH = 406
+    TAIL_TOKEN_IN_CANDIDATES = 407
+
+
+class VerinferError(Exception):
+    """Root of every error verinfer raises on purpose."""
+
+    def __init__(self, message: str, reason: Reason = Reason.OK) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class InvalidInput(VerinferError):
+    """Input that can never become valid (bad artifact, bad params): reject it, keep running."""
+
+    def __init__(self, message: str, reason: Reason, position: int | None = None) -> None:
+        super().__init__(message, reason)
+        self.position = position
+
+    def __str__(self) -> str:
+        where = "" if self.position is None else f" at position {self.position}"
+        return f"{self.reason.name}{where}: {self.args[0]}"
+
+
+class InvalidParams(InvalidInput):
+    """Sampling parameters or sampler inputs outside the protocol's domain."""
+
+
+class InvalidArtifact(InvalidInput):
+    """An artifact that is truncated, oversized, non-canonical or otherwise malformed."""

@@ -1,0 +1,208 @@
+"""The canonical sampler (DESIGN.md §2): distribution, integer weights, candidates and the walk.
+
+Decisions where §2 is silent or would break its own stage-1 rules (also in docs/protocol.md):
+
+* Sorted order is descending float32 probability softmax(logits / T) *before* masking, ties by
+  lower token id; for T = 0 it is descending raw logit, ties by lower id. Masks keep prefixes of
+  that order, so the K candidates are always the model's K most probable tokens.
+* The top-p mass is the float32 cumulative sum (sequential, in sorted order) of the unmasked
+  probabilities; if no prefix reaches top_p (float32 sums can end just below 1) nothing is cut.
+* Renormalisation is done in float64 from the kept float32 probabilities, then
+  ``w = min(floor(p * 2^32 / Z), 2^32 - 1)``. A float32 renormalisation can make the kept
+  probabilities sum to 1 + 2^-24 and the weights to more than 2^32, which the stage-1 rule
+  ``W_K <= 2^32`` would reject for an honest operator. In float64, for vocabularies up to
+  MAX_VOCAB, ``2^32 - n_kept - 1 < sum(w) <= 2^32`` holds, so the tail walk can only run out
+  when ``v >= 2^32 - vocab_size - 1`` (see ``tail_exhaustion_floor``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from node.protocol.errors import InvalidParams, Reason
+
+WEIGHT_ONE = 2**32
+WEIGHT_MAX = 2**32 - 1
+MAX_VOCAB = 2**20
+MAX_K = 64
+# Below this, logits / T overflows float32 for ordinary logit ranges; engines treat it as greedy.
+MIN_TEMPERATURE = float(np.float32(0.001))
+DEFAULT_K = 5
+
+
+def float32_bits(x: float) -> int:
+    """Return the IEEE-754 binary32 bit pattern of x (rounded to float32)."""
+    return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+
+def float32_from_bits(bits: int) -> float:
+    """Return the float32 value whose bit pattern is bits."""
+    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters as committed in the artifact header; floats are float32 values."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        t = float32_from_bits(float32_bits(self.temperature))
+        p = float32_from_bits(float32_bits(self.top_p))
+        if not np.isfinite(t) or float32_bits(t) == 0x80000000 or not (t == 0.0 or t >= MIN_TEMPERATURE):
+            raise InvalidParams(
+                f"temperature must be +0 (greedy) or a finite float32 >= {MIN_TEMPERATURE}, got {self.temperature}",
+                Reason.INVALID_TEMPERATURE,
+            )
+        if not np.isfinite(p) or not 0.0 < p <= 1.0:
+            raise InvalidParams(f"top_p must be in (0, 1], got {self.top_p}", Reason.INVALID_TOP_P)
+        if not _is_uint32(self.top_k):
+            raise InvalidParams(f"top_k must be a uint32 (0 = off), got {self.top_k}", Reason.INVALID_TOP_K)
+        if not _is_uint32(self.max_tokens):
+            raise InvalidParams(f"max_tokens must be a uint32, got {self.max_tokens}", Reason.OUT_OF_RANGE)
+        object.__setattr__(self, "temperature", t)
+        object.__setattr__(self, "top_p", p)
+
+    @property
+    def temperature_bits(self) -> int:
+        """Return temperature as float32 bits, as in the header and on chain."""
+        return float32_bits(self.temperature)
+
+    @property
+    def top_p_bits(self) -> int:
+        """Return top_p as float32 bits, as in the header and on chain."""
+        return float32_bits(self.top_p)
+
+    @classmethod
+    def from_bits(cls, temperature_bits: int, top_p_bits: int, top_k: int, max_tokens: int) -> SamplingParams:
+        """Return params from their header/on-chain encoding."""
+        if not (_is_uint32(temperature_bits) and _is_uint32(top_p_bits)):
+            raise InvalidParams("float32 bit patterns must be uint32", Reason.OUT_OF_RANGE)
+        return cls(float32_from_bits(temperature_bits), float32_from_bits(top_p_bits), top_k, max_tokens)
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingDistribution:
+    """One step's canonical distribution: every token id in sorted order with its integer weight."""
+
+    order: np.ndarray  # int64 token ids, canonical sorted order, length = vocab
+    weights: np.ndarray  # uint64 weights aligned with order; non-increasing; sum <= 2^32
+    raw_logprobs: np.ndarray  # float32 temperature-1 log-probabilities indexed by token id
+
+    def candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return the K candidate ids and weights in canonical order."""
+        return self.order[:k], self.weights[:k]
+
+
+@dataclass(frozen=True)
+class PositionSample:
+    """What the executer records for one generated position (one artifact leaf)."""
+
+    chosen: int
+    token_ids: tuple[int, ...]
+    weights: tuple[int, ...]
+    raw_logprobs: tuple[float, ...]
+
+
+def _is_uint32(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and 0 <= int(x) <= WEIGHT_MAX
+
+
+def to_float32_array(logits: Any) -> np.ndarray:
+    """Return logits (numpy array or torch tensor, one row) as a float32 numpy vector."""
+    if hasattr(logits, "detach"):  # torch.Tensor without importing torch here
+        logits = logits.detach().to("cpu").float().numpy()
+    arr = np.asarray(logits, dtype=np.float32)
+    if arr.ndim != 1:
+        raise InvalidParams(f"logits must be one row, got shape {arr.shape}", Reason.OUT_OF_RANGE)
+    if not 0 < arr.size <= MAX_VOCAB:
+        raise InvalidParams(f"vocabulary size {arr.size} outside (0, {MAX_VOCAB}]", Reason.VOCAB_TOO_LARGE)
+    if not np.isfinite(arr).all():
+        raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
+    return arr
+
+
+def compute_raw_logprobs(logits: np.ndarray) -> np.ndarray:
+    """Return the temperature-1 log-softmax of float32 logits, in float32."""
+    z = logits - logits.max()
+    return (z - np.log(np.exp(z).sum(dtype=np.float32))).astype(np.float32)
+
+
+def compute_tempered_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Return softmax(logits / T) in float32 (T > 0)."""
+    z = logits / np.float32(temperature)
+    if not np.isfinite(z).all():
+        raise InvalidParams(f"logits / {temperature} overflow float32", Reason.NON_FINITE_LOGITS)
+    e = np.exp(z - z.max())
+    return (e / e.sum(dtype=np.float32)).astype(np.float32)
+
+
+def compute_kept_count(sorted_probs: np.ndarray, top_k: int, top_p: float) -> int:
+    """Return how many tokens of the sorted order survive the top-k and top-p masks."""
+    keep = sorted_probs.size if top_k == 0 else min(top_k, sorted_probs.size)
+    if top_p < 1.0:
+        reached = np.cumsum(sorted_probs, dtype=np.float32) >= np.float32(top_p)
+        if reached.any():
+            keep = min(keep, int(np.argmax(reached)) + 1)
+    return keep
+
+
+def compute_integer_weights(kept_probs: np.ndarray) -> np.ndarray:
+    """Return w = min(floor(p * 2^32 / Z), 2^32 - 1) for the kept float32 probabilities."""
+    p = kept_probs.astype(np.float64)
+    w = np.floor(p * float(WEIGHT_ONE) / p.sum())
+    return np.minimum(w, float(WEIGHT_MAX)).astype(np.uint64)
+
+
+def compute_sampling_distribution(logits: Any, params: SamplingParams) -> SamplingDistribution:
+    """Return the canonical sorted order and integer weights for one step's logits."""
+    x = to_float32_array(logits)
+    weights = np.zeros(x.size, dtype=np.uint64)
+    if params.temperature == 0.0:
+        order = np.argsort(-x, kind="stable")
+        weights[0] = WEIGHT_MAX
+    else:
+        probs = compute_tempered_probs(x, params.temperature)
+        order = np.argsort(-probs, kind="stable")
+        sorted_probs = probs[order]
+        keep = compute_kept_count(sorted_probs, params.top_k, params.top_p)
+        weights[:keep] = compute_integer_weights(sorted_probs[:keep])
+    return SamplingDistribution(order.astype(np.int64), weights, compute_raw_logprobs(x))
+
+
+def choose_token(v: int, candidate_ids: np.ndarray, candidate_weights: np.ndarray,
+                 tail_ids: np.ndarray, tail_weights: np.ndarray) -> int:
+    """Return the first token j (candidates, then tail, in sorted order) with v < W_j; else the top one."""
+    ids = np.concatenate([np.asarray(candidate_ids, dtype=np.int64), np.asarray(tail_ids, dtype=np.int64)])
+    cum = np.cumsum(np.concatenate([np.asarray(candidate_weights, dtype=np.uint64),
+                                    np.asarray(tail_weights, dtype=np.uint64)]))
+    j = int(np.searchsorted(cum, np.uint64(v), side="right"))
+    return int(ids[j]) if j < ids.size else int(candidate_ids[0])
+
+
+def tail_exhaustion_floor(vocab_size: int) -> int:
+    """Return the least v for which an honest tail walk can run out (then the top token is chosen)."""
+    return WEIGHT_ONE - vocab_size - 1
+
+
+def sample_position(logits: Any, params: SamplingParams, k: int, v: int) -> PositionSample:
+    """Return the chosen token and the K-candidate leaf for one step, given v_i."""
+    dist = compute_sampling_distribution(logits, params)
+    if not 1 <= k <= min(MAX_K, dist.order.size):
+        raise InvalidParams(f"K must be in [1, min({MAX_K}, vocab)], got {k}", Reason.INVALID_K)
+    if not 0 <= v <= WEIGHT_MAX:
+        raise InvalidParams(f"v must be a uint32, got {v}", Reason.OUT_OF_RANGE)
+    ids, weights = dist.candidates(k)
+    chosen = choose_token(v, ids, weights, dist.order[k:], dist.weights[k:])
+    return PositionSample(
+        chosen=chosen,
+        token_ids=tuple(int(t) for t in ids),
+        weights=tuple(int(w) for w in weights),
+        raw_logprobs=tuple(float(lp) for lp in dist.raw_logprobs[ids]),
+    )
