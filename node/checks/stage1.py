@@ -31,6 +31,8 @@ class OnchainInference:
     vocab_size: int
     output_hash: bytes
     artifact_root: bytes
+    # The validator's own tokenisation of the request bound by promptHash; None to skip.
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ def find_header_violation(header: ArtifactHeader, positions: Positions, onchain:
     declared = (header.temperature_bits, header.top_p_bits, header.top_k, header.max_tokens)
     if declared != (onchain.temperature_bits, onchain.top_p_bits, onchain.top_k, onchain.max_tokens):
         return Reason.PARAMS_MISMATCH
+    if onchain.prompt_token_ids is not None and header.prompt_token_ids != onchain.prompt_token_ids:
+        return Reason.PROMPT_MISMATCH
     if header.k != onchain.k or positions.k != onchain.k:
         return Reason.K_MISMATCH
     if header.output_length != len(positions):

@@ -59,4 +59,5 @@ def make_onchain(request: SyntheticRequest, artifact: Artifact) -> OnchainInfere
         temperature_bits=p.temperature_bits, top_p_bits=p.top_p_bits, top_k=p.top_k, max_tokens=p.max_tokens,
         k=request.k, vocab_size=request.vocab_size,
         output_hash=compute_output_hash(artifact.positions.chosen), artifact_root=artifact.root,
+        prompt_token_ids=request.prompt_token_ids,
     )

@@ -1,0 +1,26 @@
+"""Hypothesis strategies shared by protocol and check tests."""
+
+from hypothesis import strategies as st
+
+from node.executer.synthetic import SyntheticRequest
+from node.protocol.sampler import SamplingParams
+
+params = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 0.5, 0.7, 1.0, 1.3]),
+    top_p=st.sampled_from([1.0, 0.95, 0.9, 0.6]),
+    top_k=st.sampled_from([0, 1, 3, 20]),
+    max_tokens=st.just(64),
+)
+
+requests = st.builds(
+    SyntheticRequest,
+    inference_id=st.integers(0, 2**256 - 1),
+    user_seed=st.integers(0, 2**64 - 1),
+    params=params,
+    prompt_token_ids=st.lists(st.integers(0, 2**32 - 1), max_size=8).map(tuple),
+    k=st.integers(1, 6),
+    vocab_size=st.sampled_from([8, 50, 300]),
+    output_length=st.integers(0, 24),
+    logit_scale=st.sampled_from([0.5, 3.0, 8.0]),
+)
