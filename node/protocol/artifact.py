@@ -20,8 +20,8 @@ import numpy as np
 import zstandard
 
 from node.protocol.errors import InvalidArtifact, InvalidParams, Reason
-from node.protocol.hashing import keccak256
-from node.protocol.merkle import compute_leaf_hash, compute_merkle_proof, compute_merkle_root
+from node.protocol.hashing import double_keccak256_many, keccak256
+from node.protocol.merkle import compute_merkle_proof, compute_merkle_root
 from node.protocol.sampler import MAX_K, PositionSample, SamplingParams
 
 MAX_PROMPT_TOKENS = 131_072
@@ -192,7 +192,7 @@ def compute_leaf_hashes(positions: Positions) -> list[bytes]:
     """Return keccak256(keccak256(leaf)) for every position."""
     blob = encode_leaves(positions)
     size = leaf_size(positions.k)
-    return [compute_leaf_hash(blob[j:j + size]) for j in range(0, len(blob), size)]
+    return double_keccak256_many(blob[j:j + size] for j in range(0, len(blob), size))
 
 
 def compute_positions_root(positions: Positions) -> bytes:

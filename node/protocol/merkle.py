@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from node.protocol.errors import InvalidParams, Reason
-from node.protocol.hashing import ZERO32, keccak256
+from node.protocol.hashing import ZERO32, keccak256, keccak256_many
 
 
 def compute_leaf_hash(encoded_leaf: bytes) -> bytes:
@@ -24,7 +24,8 @@ def compute_pair_hash(a: bytes, b: bytes) -> bytes:
 
 def compute_next_layer(layer: Sequence[bytes]) -> list[bytes]:
     """Return the parent layer: sorted-pair hashes, an odd last node carried up."""
-    parents = [compute_pair_hash(layer[j], layer[j + 1]) for j in range(0, len(layer) - 1, 2)]
+    left, right = layer[0:len(layer) - 1:2], layer[1::2]
+    parents = keccak256_many(a + b if a <= b else b + a for a, b in zip(left, right))
     if len(layer) % 2:
         parents.append(layer[-1])
     return parents
