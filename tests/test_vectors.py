@@ -41,6 +41,6 @@ def test_committed_wire_decodes_to_committed_encoding(case):
 @pytest.mark.parametrize("case", VECTORS["artifact"], ids=lambda c: f"n={len(c['leaves'])}")
 def test_committed_proofs_verify_against_positions_root(case):
     root = bytes.fromhex(case["positions_root"][2:])
-    for leaf, proof in zip(case["leaves"], case["proofs"]):
+    for leaf, proof in zip(case["leaves"], case["proofs"], strict=True):
         leaf_hash = keccak256(keccak256(bytes.fromhex(leaf[2:])))
         assert verify_merkle_proof(leaf_hash, [bytes.fromhex(p[2:]) for p in proof], root)

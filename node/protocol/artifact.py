@@ -272,7 +272,7 @@ def decode_header(raw: bytes) -> tuple[ArtifactHeader, int]:
         raise InvalidArtifact(f"output of {output_length} tokens exceeds {MAX_OUTPUT_TOKENS}", Reason.LIMIT_EXCEEDED)
     header = ArtifactHeader(model_id, t_bits, p_bits, top_k, max_tokens, k, seed, prompt, output_length)
     try:
-        header.params
+        _ = header.params  # validates the float32 params' domain
     except InvalidParams as exc:
         raise InvalidArtifact(f"sampling params out of domain: {exc}", Reason.NON_CANONICAL) from exc
     return header, end

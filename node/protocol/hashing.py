@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Iterable
 
 import sha3  # safe-pysha3: Keccak-256 with Ethereum's padding (hashlib.sha3_256 is FIPS-202, not this)
@@ -19,7 +18,8 @@ def sha256(data: bytes) -> bytes:
 
 def keccak256(data: bytes) -> bytes:
     """Return the Keccak-256 digest of data, as Solidity's keccak256."""
-    return _keccak(data).digest()
+    digest: bytes = _keccak(data).digest()
+    return digest
 
 
 def keccak256_many(items: Iterable[bytes]) -> list[bytes]:

@@ -25,7 +25,7 @@ def compute_pair_hash(a: bytes, b: bytes) -> bytes:
 def compute_next_layer(layer: Sequence[bytes]) -> list[bytes]:
     """Return the parent layer: sorted-pair hashes, an odd last node carried up."""
     left, right = layer[0:len(layer) - 1:2], layer[1::2]
-    parents = keccak256_many(a + b if a <= b else b + a for a, b in zip(left, right))
+    parents = keccak256_many(a + b if a <= b else b + a for a, b in zip(left, right, strict=True))
     if len(layer) % 2:
         parents.append(layer[-1])
     return parents

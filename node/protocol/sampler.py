@@ -131,7 +131,8 @@ def to_float32_array(logits: Any) -> np.ndarray:
 def compute_raw_logprobs(logits: np.ndarray) -> np.ndarray:
     """Return the temperature-1 log-softmax of float32 logits, in float32."""
     z = logits - logits.max()
-    return (z - np.log(np.exp(z).sum(dtype=np.float32))).astype(np.float32)
+    out: np.ndarray = (z - np.log(np.exp(z).sum(dtype=np.float32))).astype(np.float32)
+    return out
 
 
 def compute_tempered_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -140,7 +141,8 @@ def compute_tempered_probs(logits: np.ndarray, temperature: float) -> np.ndarray
     if not np.isfinite(z).all():
         raise InvalidParams(f"logits / {temperature} overflow float32", Reason.NON_FINITE_LOGITS)
     e = np.exp(z - z.max())
-    return (e / e.sum(dtype=np.float32)).astype(np.float32)
+    probs: np.ndarray = (e / e.sum(dtype=np.float32)).astype(np.float32)
+    return probs
 
 
 def compute_kept_count(sorted_probs: np.ndarray, top_k: int, top_p: float) -> int:
@@ -157,7 +159,8 @@ def compute_integer_weights(kept_probs: np.ndarray) -> np.ndarray:
     """Return w = min(floor(p * 2^32 / Z), 2^32 - 1) for the kept float32 probabilities."""
     p = kept_probs.astype(np.float64)
     w = np.floor(p * float(WEIGHT_ONE) / p.sum())
-    return np.minimum(w, float(WEIGHT_MAX)).astype(np.uint64)
+    weights: np.ndarray = np.minimum(w, float(WEIGHT_MAX)).astype(np.uint64)
+    return weights
 
 
 def compute_sampling_distribution(logits: Any, params: SamplingParams) -> SamplingDistribution:

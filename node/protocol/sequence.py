@@ -7,6 +7,7 @@ applies the same rules to a whole artifact at once, and tests hold the two to th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from node.protocol.errors import Reason
 from node.protocol.sampler import WEIGHT_MAX, WEIGHT_ONE, tail_exhaustion_floor
@@ -21,14 +22,14 @@ def find_position_violation(v: int, chosen: int, token_ids: Sequence[int], weigh
         return Reason.DUPLICATE_TOKEN_ID
     if any(not 0 <= w <= WEIGHT_MAX for w in weights):
         return Reason.WEIGHT_OUT_OF_RANGE
-    if any(a < b for a, b in zip(weights, weights[1:])):
+    if any(a < b for a, b in pairwise(weights)):
         return Reason.WEIGHTS_NOT_SORTED
     if sum(weights) > WEIGHT_ONE:
         return Reason.WEIGHT_SUM_OVERFLOW
     if not 0 <= chosen < vocab_size:
         return Reason.CHOSEN_OUT_OF_RANGE
     cumulative = 0
-    for token, weight in zip(token_ids, weights):
+    for token, weight in zip(token_ids, weights, strict=True):
         cumulative += weight
         if v < cumulative:
             return Reason.OK if chosen == token else Reason.CHOSEN_MISMATCH
