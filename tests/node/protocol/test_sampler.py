@@ -14,10 +14,12 @@ from node.protocol.sampler import (
     compute_integer_weights,
     compute_kept_count,
     compute_sampling_distribution,
+    compute_tempered_probs,
     float32_bits,
     float32_from_bits,
     sample_position,
     tail_exhaustion_floor,
+    to_float32_array,
 )
 
 
@@ -151,11 +153,14 @@ def test_weights_are_sorted_and_sum_within_the_proved_bounds(logits, params):
     w = dist.weights.astype(np.int64)
     assert (w[1:] <= w[:-1]).all()
     total = int(w.sum())
-    kept = int((w > 0).sum())
     assert total <= WEIGHT_ONE
-    # The tail can only run out above tail_exhaustion_floor (see the sampler's docstring).
-    assert total >= tail_exhaustion_floor(logits.size) + 1 or params.temperature == 0.0
-    assert total > WEIGHT_ONE - kept - 1 - 1 or params.temperature == 0.0
+    if params.temperature > 0:
+        # Tokens kept by the masks (some may still floor to weight 0): 2^32 - kept - 1 < total.
+        probs = compute_tempered_probs(to_float32_array(logits), params.temperature)
+        kept = compute_kept_count(probs[dist.order], params.top_k, params.top_p)
+        assert total > WEIGHT_ONE - kept - 1
+        # Hence the tail can only run out at or above tail_exhaustion_floor.
+        assert total >= tail_exhaustion_floor(logits.size) + 1
     assert sorted(dist.order.tolist()) == list(range(logits.size))
 
 
