@@ -23,6 +23,8 @@ class Reason(IntEnum):
     NON_FINITE_LOGITS = 104
     VOCAB_TOO_LARGE = 105
     OUT_OF_RANGE = 106
+    NON_FINITE_HIDDEN = 107
+    UNKNOWN_MODEL = 108
 
     # Artifact decoding (2xx).
     WIRE_TOO_LARGE = 200
@@ -34,6 +36,8 @@ class Reason(IntEnum):
     BAD_POSITION_INDEX = 206
     NON_FINITE_LOGPROB = 207
     NON_CANONICAL = 208
+    FINGERPRINT_MALFORMED = 209
+    FINGERPRINT_LENGTH_MISMATCH = 210
 
     # Stage 1, header and commitments (3xx).
     SEED_MISMATCH = 300

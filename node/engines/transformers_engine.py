@@ -1,0 +1,156 @@
+"""The transformers backend (default): CPU or CUDA, KV-cache decode, batches with left padding.
+
+The sampler is the protocol's canonical sampler, called once per generated position on that row's
+float32 logits. Hidden states are the decoder's ``last_hidden_state`` (after the final norm); the
+logits are the LM head applied to it, so both come from the same forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
+from node.errors import InvalidParams, Reason
+from node.protocol.sampler import PositionSample, sample_position
+from node.protocol.seed import compute_sampler_uniforms
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TransformersOptions:
+    """How the backend runs: device, dtype, CPU threads, KV cache on or off."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    kv_cache: bool = True
+
+
+@dataclass
+class _Row:
+    request: GenerationRequest
+    uniforms: np.ndarray
+    samples: list[PositionSample]
+    hidden: list[np.ndarray]
+    finish: FinishReason | None = None
+
+
+class TransformersEngine(Engine):
+    """Engine over a transformers causal LM loaded from a safetensors folder."""
+
+    def __init__(self, model_dir: Path, model_name: str, options: TransformersOptions | None = None) -> None:
+        self.options = options or TransformersOptions()
+        if self.options.threads:
+            torch.set_num_threads(self.options.threads)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=DTYPES[self.options.dtype], local_files_only=True).to(self.options.device)
+        self.model.eval()
+        self.decoder = self.model.get_decoder()
+        self.lm_head = self.model.get_output_embeddings()
+        self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.info = EngineInfo("transformers", model_name, self.options.dtype, self.options.device)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.float()
+
+    def _require_ids(self, ids: Sequence[int]) -> None:
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise InvalidParams(f"token id outside [0, {self.vocab_size})", Reason.OUT_OF_RANGE)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Return logits for every output position and hidden rows from one forward pass."""
+        if not prompt_ids:
+            raise InvalidParams("empty prompt", Reason.OUT_OF_RANGE)
+        self._require_ids([*prompt_ids, *output_ids])
+        fed = list(prompt_ids) + list(output_ids[:-1])
+        ids = torch.tensor([fed], device=self.options.device)
+        hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+        logits = self._logits(hidden[len(prompt_ids) - 1:]) if output_ids else hidden.new_zeros((0, self.vocab_size))
+        return Prefill(logits=logits.float().cpu().numpy(), hidden=hidden.float().cpu().numpy())
+
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate every request as one left-padded batch with the canonical sampler."""
+        for r in requests:
+            if not r.prompt_ids:
+                raise InvalidParams("empty prompt", Reason.OUT_OF_RANGE)
+            if r.params.max_tokens < 1:
+                raise InvalidParams("generation needs max_tokens >= 1", Reason.OUT_OF_RANGE)
+            self._require_ids(r.prompt_ids)
+        rows = [_Row(r, compute_sampler_uniforms(r.run_seed, r.params.max_tokens), [], []) for r in requests]
+        width = max(len(r.prompt_ids) for r in requests)
+        device = self.options.device
+        ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        for b, r in enumerate(requests):
+            ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[b, width - len(r.prompt_ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=self.options.kv_cache)
+        for b, r in enumerate(requests):
+            rows[b].hidden.append(out.last_hidden_state[b, width - len(r.prompt_ids):].float().cpu().numpy())
+        logits = self._logits(out.last_hidden_state[:, -1])
+        cache = out.past_key_values if self.options.kv_cache else None
+        step = 0
+        while True:
+            next_ids = self._sample_step(rows, logits, step)
+            if all(row.finish for row in rows):
+                break
+            ids = torch.cat([ids, next_ids[:, None]], dim=1)
+            mask = torch.cat([mask, torch.ones_like(next_ids)[:, None]], dim=1)
+            positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+            if cache is not None:
+                out = self.decoder(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions[:, -1:],
+                                   past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+            else:
+                out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+            last = out.last_hidden_state[:, -1]
+            for b, row in enumerate(rows):
+                if row.finish is None:
+                    row.hidden.append(last[b:b + 1].float().cpu().numpy())
+            logits = self._logits(last)
+            step += 1
+        return [self._finish(row) for row in rows]
+
+    def _sample_step(self, rows: list[_Row], logits: torch.Tensor, step: int) -> torch.Tensor:
+        """Sample position `step` of every unfinished row; return the ids to feed next."""
+        next_ids = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+        cpu_logits = logits.cpu()
+        for b, row in enumerate(rows):
+            if row.finish is not None:
+                continue
+            r = row.request
+            sample = sample_position(cpu_logits[b], r.params, r.k, int(row.uniforms[step]))
+            row.samples.append(sample)
+            next_ids[b] = sample.chosen
+            if sample.chosen in r.stop_ids:
+                row.finish = "stop"
+            elif len(row.samples) >= r.params.max_tokens:
+                row.finish = "length"
+        return next_ids
+
+    @staticmethod
+    def _finish(row: _Row) -> Generation:
+        assert row.finish is not None
+        return Generation(
+            output_ids=tuple(s.chosen for s in row.samples),
+            samples=tuple(row.samples),
+            hidden=np.concatenate(row.hidden, axis=0),
+            finish_reason=row.finish,
+        )
