@@ -47,6 +47,13 @@ class ModelTokenizer:
             raise PromptError("prompt encodes to no tokens", Reason.PROMPT_MISMATCH)
         return ids
 
+    def encode_response(self, text: str) -> tuple[int, ...]:
+        """Return the ids of a complete assistant response: its text, then the model's stop token."""
+        ids = [int(t) for t in self.hf(text, add_special_tokens=False)["input_ids"]]
+        if self.hf.eos_token_id is not None:
+            ids.append(int(self.hf.eos_token_id))
+        return tuple(ids)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Return the text of output ids, without special tokens."""
         return str(self.hf.decode(list(ids), skip_special_tokens=True))

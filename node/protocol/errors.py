@@ -60,6 +60,12 @@ class Reason(IntEnum):
     CHOSEN_MISMATCH = 406
     TAIL_TOKEN_IN_CANDIDATES = 407
 
+    # Stage 2 decisions (5xx).
+    FINGERPRINT_EXPONENT_MISMATCH = 500
+    FINGERPRINT_MANTISSA_MEAN = 501
+    FINGERPRINT_MANTISSA_MEDIAN = 502
+    FINGERPRINT_SIGN_MISMATCH = 503
+
 
 class VerinferError(Exception):
     """Root of every error verinfer raises on purpose."""

@@ -108,6 +108,7 @@ class PositionSample:
     token_ids: tuple[int, ...]
     weights: tuple[int, ...]
     raw_logprobs: tuple[float, ...]
+    chosen_raw_logprob: float = 0.0  # not in the leaf (a tail token has none there); for API logprobs
 
 
 def _is_uint32(x: Any) -> bool:
@@ -208,4 +209,5 @@ def sample_position(logits: Any, params: SamplingParams, k: int, v: int) -> Posi
         token_ids=tuple(int(t) for t in ids),
         weights=tuple(int(w) for w in weights),
         raw_logprobs=tuple(float(lp) for lp in dist.raw_logprobs[ids]),
+        chosen_raw_logprob=float(dist.raw_logprobs[chosen]),
     )

@@ -1,0 +1,293 @@
+"""The executer's OpenAI-compatible HTTP API (aiohttp).
+
+Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (non-streaming),
+GET /v1/artifacts/{root} (zstd wire bytes), GET /v1/payloads/{inference_id} (JSON), GET /health.
+Every generated choice carries ``verification_proofs`` and the response a ``verinfer`` object.
+A chat request with ``max_tokens=0`` and ``verification_proof_to_validate`` is answered in
+verification-instance mode: one prefill, fingerprint measurements and the profile's decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from node.engines.models import UnknownModel
+from node.errors import InvalidInput, VerinferError
+from node.executer.api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorBody,
+    FingerprintCheck,
+    InferencePayload,
+    VerinferInfo,
+)
+from node.executer.service import ExecuterService, ServedInference
+from node.protocol.fingerprint import decode_fingerprint_base64, encode_fingerprint_base64
+from node.protocol.prompt import compute_prompt_hash, normalise_messages
+from node.protocol.sampler import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 256
+SERVICE_KEY = web.AppKey("service", ExecuterService)
+PROFILE_KEY = web.AppKey("profile", dict)
+LOCK_KEY = web.AppKey("engine_lock", asyncio.Lock)
+
+
+class ApiError(Exception):
+    """An error answered to the client as an OpenAI-style JSON body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.body = status, ErrorBody(message=message, type=kind, param=param, code=code)
+
+
+def _error_response(err: ApiError) -> web.Response:
+    return web.json_response({"error": err.body.model_dump()}, status=err.status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Turn every failure into an OpenAI-style JSON error; never leak a traceback to the client."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except ApiError as err:
+        return _error_response(err)
+    except web.HTTPException as exc:
+        return _error_response(ApiError(exc.status, exc.reason or "error", code=str(exc.status)))
+    except InvalidInput as exc:
+        return _error_response(ApiError(400, str(exc), code=exc.reason.name.lower()))
+    except VerinferError as exc:
+        log.exception("request failed")
+        return _error_response(ApiError(500, str(exc), kind="server_error"))
+    except Exception:  # the server must answer, and keep serving, whatever the engine did
+        log.exception("unexpected error")
+        return _error_response(ApiError(500, "internal error", kind="server_error"))
+
+
+async def _parse(request: web.Request, model: type[Any]) -> Any:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise ApiError(400, f"invalid request: {param}: {first['msg']}", param=param) from exc
+
+
+def _service(request: web.Request, model: str) -> ExecuterService:
+    service = request.app[SERVICE_KEY]
+    if model != service.files.spec.name:
+        raise ApiError(404, f"model {model!r} is not served here; try GET /v1/models", param="model",
+                       code="model_not_found")
+    return service
+
+
+def _params(req: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
+    max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    if max_tokens < 1:
+        raise ApiError(400, "max_tokens must be >= 1 (0 only with verification_proof_to_validate)",
+                       param="max_tokens")
+    return SamplingParams(req.temperature, req.top_p, max(req.top_k, 0), max_tokens)
+
+
+async def _run(request: web.Request, fn: Any, *args: Any) -> Any:
+    async with request.app[LOCK_KEY]:  # one engine, one request at a time; the loop stays free
+        return await asyncio.to_thread(fn, *args)
+
+
+def _verinfer_info(request: web.Request, s: ServedInference, service: ExecuterService) -> dict[str, Any]:
+    base = f"{request.scheme}://{request.host}"
+    return VerinferInfo(
+        inference_id=str(s.inference_id), user_seed=str(s.user_seed), run_seed="0x" + s.artifact.header.run_seed.hex(),
+        model_id="0x" + service.files.model_id.hex(), prompt_hash="0x" + s.prompt_hash.hex(),
+        output_hash="0x" + s.output_hash.hex(), artifact_root="0x" + s.artifact.root.hex(),
+        fingerprint_hash="0x" + s.fingerprint_hash.hex(), k=service.k,
+        artifact_url=f"{base}/v1/artifacts/0x{s.artifact.root.hex()}",
+        payload_url=f"{base}/v1/payloads/{s.inference_id}",
+    ).model_dump()
+
+
+def _usage(s: ServedInference) -> dict[str, int]:
+    p, n = len(s.artifact.header.prompt_token_ids), len(s.generation.output_ids)
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+
+
+def _chat_logprobs(service: ExecuterService, s: ServedInference, top: int) -> dict[str, Any]:
+    tok = service.tokenizer
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = tok.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for sample in s.generation.samples:
+        item = entry(sample.chosen, sample.chosen_raw_logprob)
+        item["top_logprobs"] = [entry(t, lp) for t, lp in zip(sample.token_ids, sample.raw_logprobs, strict=True)][:top]
+        content.append(item)
+    return {"content": content}
+
+
+async def chat_completions(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions."""
+    req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
+    service = _service(request, req.model)
+    if req.max_tokens == 0 and req.verification_proof_to_validate is not None:
+        return await _verify_chat(request, service, req)
+    params = _params(req)
+    messages = normalise_messages([m.model_dump() for m in req.messages])
+    prompt_ids = service.tokenizer.encode_chat(messages)
+    prompt_hash = compute_prompt_hash(service.files.model_id, messages=messages)
+    s: ServedInference = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
+                                    req.inference_id, {"messages": messages})
+    message = {"role": "assistant", "content": service.tokenizer.decode(s.generation.output_ids),
+               "verification_proofs": encode_fingerprint_base64(s.fingerprint)}
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": s.generation.finish_reason,
+                              "logprobs": None}
+    if req.logprobs:
+        choice["logprobs"] = _chat_logprobs(service, s, req.top_logprobs or 0)
+    return web.json_response({
+        "id": f"chatcmpl-{s.inference_id:064x}"[:40], "object": "chat.completion", "created": int(time.time()),
+        "model": req.model, "choices": [choice], "usage": _usage(s), "verinfer": _verinfer_info(request, s, service),
+    })
+
+
+async def _verify_chat(request: web.Request, service: ExecuterService, req: ChatCompletionRequest) -> web.Response:
+    """Verification-instance mode: the last message is the response to check; one prefill."""
+    messages = normalise_messages([m.model_dump() for m in req.messages])
+    if len(messages) < 2 or messages[-1]["role"] != "assistant":
+        raise ApiError(400, "verification needs the response as the last, assistant, message", param="messages")
+    prompt_ids = service.tokenizer.encode_chat(messages[:-1])
+    if req.output_token_ids is not None:
+        output_ids = tuple(req.output_token_ids)
+    else:  # re-tokenise the text; a generation that stopped ends with the stop token, never shown as text
+        output_ids = service.tokenizer.encode_response(messages[-1]["content"])
+    if not output_ids:
+        raise ApiError(400, "the response has no tokens", param="messages")
+    proofs = decode_fingerprint_base64(req.verification_proof_to_validate or [])
+    report = await _run(request, service.check_fingerprint, prompt_ids, output_ids, proofs)
+    profile = request.app[PROFILE_KEY]
+    check = FingerprintCheck(
+        valid=report.decision.valid, reason=report.decision.reason.name, profile=profile["path"],
+        calibrated=profile["calibrated"],
+        chunks=[{"exponent_mismatches": m.exponent_mismatches, "sign_mismatches": m.sign_mismatches,
+                 "mantissa_error_mean": m.mantissa_error_mean, "mantissa_error_median": m.mantissa_error_median,
+                 "mantissa_compared": m.mantissa_compared} for m in report.measurements],
+    )
+    return web.json_response({"id": "chatcmpl-verification", "object": "chat.completion.verification",
+                              "created": int(time.time()), "model": req.model, "choices": [],
+                              "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
+                                        "total_tokens": len(prompt_ids) + len(output_ids)},
+                              "verification": check.model_dump()})
+
+
+async def completions(request: web.Request) -> web.Response:
+    """POST /v1/completions."""
+    req: CompletionRequest = await _parse(request, CompletionRequest)
+    service = _service(request, req.model)
+    params = _params(req)
+    prompt_ids = service.tokenizer.encode_text(req.prompt)
+    prompt_hash = compute_prompt_hash(service.files.model_id, prompt=req.prompt)
+    s: ServedInference = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
+                                    req.inference_id, {"prompt": req.prompt})
+    choice: dict[str, Any] = {"index": 0, "text": service.tokenizer.decode(s.generation.output_ids),
+                              "finish_reason": s.generation.finish_reason, "logprobs": None,
+                              "verification_proofs": encode_fingerprint_base64(s.fingerprint)}
+    if req.logprobs is not None:
+        tok = service.tokenizer
+        samples = s.generation.samples
+        choice["logprobs"] = {
+            "tokens": [tok.token_text(x.chosen) for x in samples],
+            "token_logprobs": [x.chosen_raw_logprob for x in samples],
+            "top_logprobs": [{tok.token_text(t): lp for t, lp in list(zip(x.token_ids, x.raw_logprobs, strict=True))
+                              [:req.logprobs]} for x in samples],
+        }
+    return web.json_response({
+        "id": f"cmpl-{s.inference_id:064x}"[:40], "object": "text_completion", "created": int(time.time()),
+        "model": req.model, "choices": [choice], "usage": _usage(s), "verinfer": _verinfer_info(request, s, service),
+    })
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """GET /v1/models."""
+    service = request.app[SERVICE_KEY]
+    return web.json_response({"object": "list", "data": [{
+        "id": service.files.spec.name, "object": "model", "created": 0, "owned_by": "verinfer",
+        "verinfer": {"model_id": "0x" + service.files.model_id.hex(), "k": service.k,
+                     "vocab_size": service.files.spec.vocab_size, "chat": service.files.spec.chat,
+                     "backend": service.engine.info.backend, "dtype": service.engine.info.dtype},
+    }]})
+
+
+def _parse_int(text: str, what: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError as exc:
+        raise ApiError(400, f"{what} must be an integer or 0x-hex, got {text!r}") from exc
+
+
+async def get_artifact(request: web.Request) -> web.Response:
+    """GET /v1/artifacts/{root}: the artifact's zstd wire bytes."""
+    root_text = request.match_info["root"].removeprefix("0x")
+    try:
+        root = bytes.fromhex(root_text)
+    except ValueError as exc:
+        raise ApiError(400, "artifact root must be 32 bytes of hex") from exc
+    served = request.app[SERVICE_KEY].get_by_root(root)
+    if served is None:
+        raise ApiError(404, "unknown artifact root", code="not_found")
+    return web.Response(body=served.wire, content_type="application/octet-stream")
+
+
+async def get_payload(request: web.Request) -> web.Response:
+    """GET /v1/payloads/{inference_id}: request, artifact and fingerprint of one inference."""
+    service = request.app[SERVICE_KEY]
+    served = service.get_served(_parse_int(request.match_info["inference_id"], "inference id"))
+    if served is None:
+        raise ApiError(404, "unknown inference id", code="not_found")
+    return web.json_response(InferencePayload(
+        model=service.files.spec.name, model_id="0x" + service.files.model_id.hex(),
+        inference_id=str(served.inference_id), user_seed=str(served.user_seed), request=served.request,
+        artifact=base64.b64encode(served.wire).decode("ascii"),
+        verification_proofs=encode_fingerprint_base64(served.fingerprint),
+    ).model_dump())
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health."""
+    return web.json_response({"status": "ok", "model": request.app[SERVICE_KEY].files.spec.name})
+
+
+def create_app(service: ExecuterService, profile_path: str, calibrated: bool) -> web.Application:
+    """Return the aiohttp application serving one executer."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=8 * 2**20)
+    app[SERVICE_KEY] = service
+    app[PROFILE_KEY] = {"path": profile_path, "calibrated": calibrated}
+    app[LOCK_KEY] = asyncio.Lock()
+    app.add_routes([
+        web.get("/v1/models", list_models),
+        web.post("/v1/chat/completions", chat_completions),
+        web.post("/v1/completions", completions),
+        web.get("/v1/artifacts/{root}", get_artifact),
+        web.get("/v1/payloads/{inference_id}", get_payload),
+        web.get("/health", health),
+    ])
+    return app
+
+
+__all__ = ["ApiError", "UnknownModel", "create_app"]

@@ -1,0 +1,134 @@
+"""Executer mode without HTTP: seeded generation that records the artifact and fingerprints.
+
+One ``ExecuterService`` owns one engine. It derives run_seed from the user seed and inference id,
+generates with the canonical sampler, builds the artifact, its Merkle root and the activation
+fingerprint, and keeps the payload for validators to fetch (in memory, newest N; a persistent
+store comes with the validator daemon). Verification-instance mode runs one prefill instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from node.checks.fingerprint import FingerprintDecision, FingerprintThresholds, decide_fingerprint
+from node.engines.base import Engine, Generation, GenerationRequest
+from node.engines.models import ModelFiles
+from node.engines.tokenizer import ModelTokenizer
+from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash, encode_artifact_wire
+from node.protocol.fingerprint import (
+    ChunkMeasurement,
+    build_fingerprint,
+    compute_fingerprint_hash,
+    verify_fingerprint,
+)
+from node.protocol.sampler import SamplingParams
+from node.protocol.seed import run_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class ServedInference:
+    """One generated inference with everything the executer commits to and serves."""
+
+    inference_id: int
+    user_seed: int
+    prompt_hash: bytes
+    request: dict[str, Any]
+    generation: Generation
+    artifact: Artifact
+    wire: bytes
+    fingerprint: list[bytes]
+
+    @property
+    def output_hash(self) -> bytes:
+        """Return outputHash of the generated ids."""
+        return compute_output_hash(self.generation.output_ids)
+
+    @property
+    def fingerprint_hash(self) -> bytes:
+        """Return fingerprintHash of the proof chunks."""
+        return compute_fingerprint_hash(self.fingerprint)
+
+
+@dataclass(frozen=True)
+class FingerprintReport:
+    """Verification-instance mode: measurements per chunk and the profile's decision."""
+
+    measurements: list[ChunkMeasurement]
+    decision: FingerprintDecision
+
+
+def derive_inference_id(prompt_hash: bytes, user_seed: int, nonce: bytes) -> int:
+    """Return an off-chain inference id: uint256 of sha256(prompt_hash ‖ user_seed ‖ nonce)."""
+    digest = hashlib.sha256(b"verinfer-offchain-id" + prompt_hash + user_seed.to_bytes(8, "big") + nonce)
+    return int.from_bytes(digest.digest(), "big")
+
+
+class ExecuterService:
+    """Generates verifiable inferences with one engine and keeps their payloads."""
+
+    def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
+                 thresholds: FingerprintThresholds, keep: int = 10_000) -> None:
+        self.files = files
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.thresholds = thresholds
+        self.keep = keep
+        self._served: OrderedDict[int, ServedInference] = OrderedDict()
+        self._by_root: dict[bytes, int] = {}
+
+    @property
+    def k(self) -> int:
+        """Return K, the candidates per position, from the model spec."""
+        return self.files.spec.k
+
+    def infer(self, prompt_ids: Sequence[int], prompt_hash: bytes, params: SamplingParams,
+              user_seed: int | None, inference_id: int | None, request: dict[str, Any]) -> ServedInference:
+        """Generate one inference and record its artifact and fingerprint."""
+        seed = secrets.randbits(64) if user_seed is None else user_seed
+        iid = derive_inference_id(prompt_hash, seed, secrets.token_bytes(16)) if inference_id is None else inference_id
+        rs = run_seed(seed, iid)
+        gen = self.engine.generate([GenerationRequest(tuple(prompt_ids), params, rs, self.k,
+                                                      self.tokenizer.stop_ids)])[0]
+        header = ArtifactHeader(self.files.model_id, params.temperature_bits, params.top_p_bits, params.top_k,
+                                params.max_tokens, self.k, rs, tuple(prompt_ids), len(gen.output_ids))
+        artifact = Artifact(header, gen.positions(self.k))
+        served = ServedInference(iid, seed, prompt_hash, request, gen, artifact, encode_artifact_wire(artifact),
+                                 build_fingerprint(gen.hidden, len(prompt_ids)))
+        self._remember(served)
+        log.info("inference served", extra={"inference_id": hex(iid), "tokens": len(gen.output_ids),
+                                            "artifact_root": artifact.root.hex()})
+        return served
+
+    def check_fingerprint(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                          proofs: Sequence[bytes]) -> FingerprintReport:
+        """Prefill prompt + output once and measure the proofs against it (no generation)."""
+        prefill = self.engine.prefill(prompt_ids, output_ids)
+        measurements = verify_fingerprint(prefill.hidden, len(prompt_ids), proofs)
+        return FingerprintReport(measurements, decide_fingerprint(measurements, self.thresholds))
+
+    def _remember(self, served: ServedInference) -> None:
+        old = self._served.pop(served.inference_id, None)
+        if old is not None:
+            self._by_root.pop(old.artifact.root, None)
+        self._served[served.inference_id] = served
+        self._by_root[served.artifact.root] = served.inference_id
+        while len(self._served) > self.keep:
+            _, evicted = self._served.popitem(last=False)
+            self._by_root.pop(evicted.artifact.root, None)
+
+    def get_served(self, inference_id: int) -> ServedInference | None:
+        """Return a served inference by id, if still kept."""
+        return self._served.get(inference_id)
+
+    def get_by_root(self, root: bytes) -> ServedInference | None:
+        """Return a served inference by artifact root, if still kept."""
+        iid = self._by_root.get(root)
+        return None if iid is None else self._served.get(iid)

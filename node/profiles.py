@@ -1,0 +1,57 @@
+"""Model profiles (config/profiles/<model>.<dtype>.toml): calibrated thresholds, loaded at the edge."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from node.checks.fingerprint import FingerprintThresholds
+from node.engines.models import REPO_ROOT, ModelSpec
+from node.errors import FatalError, Reason
+
+
+class ProfileMeta(BaseModel):
+    """Where a profile's numbers come from."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    dtype: str
+    calibrated: bool
+    source: str
+
+
+class FingerprintSection(BaseModel):
+    """Fingerprint thresholds as written in the profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_exponent_mismatches: int
+    max_mantissa_error_mean: float
+    max_mantissa_error_median: float
+    max_sign_mismatches: int
+
+
+class ModelProfile(BaseModel):
+    """A whole profile file (later issues add the stage-2 sections)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    meta: ProfileMeta
+    fingerprint: FingerprintSection
+
+    def fingerprint_thresholds(self) -> FingerprintThresholds:
+        """Return the fingerprint thresholds for the decision."""
+        return FingerprintThresholds(**self.fingerprint.model_dump())
+
+
+def load_profile(spec: ModelSpec) -> tuple[Path, ModelProfile]:
+    """Return the profile file of a model spec and its parsed content."""
+    path = REPO_ROOT / spec.profile
+    try:
+        with path.open("rb") as f:
+            return path, ModelProfile.model_validate(tomllib.load(f))
+    except (OSError, tomllib.TOMLDecodeError, ValueError) as exc:
+        raise FatalError(f"cannot load profile {path}: {exc}", Reason.UNKNOWN_MODEL) from exc
