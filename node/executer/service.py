@@ -65,9 +65,15 @@ class FingerprintReport:
     decision: FingerprintDecision
 
 
-def derive_inference_id(prompt_hash: bytes, user_seed: int, nonce: bytes) -> int:
-    """Return an off-chain inference id: uint256 of sha256(prompt_hash ‖ user_seed ‖ nonce)."""
-    digest = hashlib.sha256(b"verinfer-offchain-id" + prompt_hash + user_seed.to_bytes(8, "big") + nonce)
+def derive_inference_id(prompt_hash: bytes, user_seed: int, params: SamplingParams) -> int:
+    """Return an off-chain inference id, a function of the request: the same request and seed, the same id.
+
+    So a repeated request with the same seed reproduces its output (OpenAI's `seed` promise); a
+    request without a seed gets a fresh random seed and so a fresh id. On-chain ids come from the chain.
+    """
+    digest = hashlib.sha256(b"verinfer-offchain-id" + prompt_hash + user_seed.to_bytes(8, "big")
+                            + params.temperature_bits.to_bytes(4, "big") + params.top_p_bits.to_bytes(4, "big")
+                            + params.top_k.to_bytes(4, "big") + params.max_tokens.to_bytes(4, "big"))
     return int.from_bytes(digest.digest(), "big")
 
 
@@ -93,7 +99,7 @@ class ExecuterService:
               user_seed: int | None, inference_id: int | None, request: dict[str, Any]) -> ServedInference:
         """Generate one inference and record its artifact and fingerprint."""
         seed = secrets.randbits(64) if user_seed is None else user_seed
-        iid = derive_inference_id(prompt_hash, seed, secrets.token_bytes(16)) if inference_id is None else inference_id
+        iid = derive_inference_id(prompt_hash, seed, params) if inference_id is None else inference_id
         rs = run_seed(seed, iid)
         gen = self.engine.generate([GenerationRequest(tuple(prompt_ids), params, rs, self.k,
                                                       self.tokenizer.stop_ids)])[0]

@@ -1,0 +1,60 @@
+import json
+import os
+
+import pytest
+
+from node.engines.models import (
+    MARKER,
+    UnknownModel,
+    compute_model_id,
+    default_cache_dir,
+    get_model_spec,
+    load_registry,
+    materialise_model,
+    read_marker,
+)
+from node.errors import Reason
+from node.protocol.hashing import keccak256
+
+
+def test_registry_has_the_real_models_and_a_tiny_one():
+    specs = load_registry()
+    assert {"smollm2-135m-instruct", "gemma-3-270m", "tiny-llama"} <= set(specs)
+    smol = specs["smollm2-135m-instruct"]
+    assert (smol.vocab_size, smol.k, smol.dtype, smol.chat) == (49152, 5, "float32", True)
+    assert specs["gemma-3-270m"].chat is False
+
+
+def test_unknown_model_is_a_typed_error():
+    with pytest.raises(UnknownModel) as err:
+        get_model_spec("gpt-17")
+    assert err.value.reason is Reason.UNKNOWN_MODEL
+
+
+def test_model_id_binds_name_and_weights():
+    digest = bytes(range(32))
+    assert compute_model_id("m", digest) == keccak256(b"verinfer-model-v1m\x00" + digest)
+    assert compute_model_id("m", digest) != compute_model_id("n", digest)
+
+
+def test_real_model_materialises_with_a_marker_and_stable_id(smol):
+    marker = read_marker(smol.files.path)
+    assert marker is not None and marker["name"] == "smollm2-135m-instruct"
+    again = materialise_model(get_model_spec("smollm2-135m-instruct"))
+    assert again.model_id == smol.files.model_id
+    assert smol.engine.vocab_size == 49152
+
+
+def test_interrupted_conversion_is_redone(tmp_path, tiny):
+    # A cache holding the tokenizer source, plus leftovers of an interrupted tiny build.
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    os.symlink(default_cache_dir() / "models" / "smollm2-135m-instruct", cache / "models" / "smollm2-135m-instruct")
+    stale = cache / "models" / "tiny-llama"
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")  # no marker: incomplete
+    (cache / "models" / "tiny-llama.partial-999").mkdir()
+    files = materialise_model(get_model_spec("tiny-llama"), cache)
+    assert json.loads((files.path / MARKER).read_text())["name"] == "tiny-llama"
+    assert files.model_id == tiny.files.model_id  # same seed, same weights, same id
+    assert materialise_model(get_model_spec("tiny-llama"), cache).path == files.path
