@@ -32,7 +32,7 @@ from vllm import SamplingParams as VllmSamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest, Prefill
+from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
 from node.errors import FatalError, InvalidParams, Reason
 from node.protocol.sampler import PositionSample, SamplingParams, sample_position
 from node.protocol.seed import compute_sampler_uniforms
@@ -106,13 +106,11 @@ def _capture_hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         _HIDDEN.append(hidden.detach().float().cpu().reshape(-1, hidden.shape[-1]))
 
 
-def _install_hook(model: torch.nn.Module) -> tuple[int, int]:
-    norm = model.model.norm  # llama/gemma decoders in vLLM name the final norm `model.norm`
-    norm.register_forward_hook(_capture_hook)
-    return int(model.lm_head.weight.shape[0]), int(model.lm_head.weight.shape[1])
+def _install_hook(model: Any) -> None:
+    model.model.norm.register_forward_hook(_capture_hook)  # vLLM's llama/gemma name the final norm so
 
 
-def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
+def _lm_head_weight(model: Any) -> torch.Tensor:
     return model.lm_head.weight.detach().float().cpu().clone()
 
 
@@ -132,11 +130,12 @@ class VllmEngine(Engine):
         self.llm = LLM(model=str(model_dir), dtype=self.options.dtype, enforce_eager=True, max_num_seqs=1,
                        max_model_len=self.options.max_model_len, enable_prefix_caching=False,
                        logits_processors=[CanonicalSampler], seed=0)
-        (shape,) = self.llm.apply_model(_install_hook)
+        self.llm.apply_model(_install_hook)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         (self.lm_head,) = self.llm.apply_model(_lm_head_weight)
         self.softcap = getattr(self.llm.llm_engine.model_config.hf_config, "final_logit_softcapping", None)
-        self.info = EngineInfo("vllm", model_name, self.options.dtype, "cpu" if shape else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.info = EngineInfo("vllm", model_name, self.options.dtype, device)
 
     def _run(self, prompt_ids: Sequence[int], sampling: VllmSamplingParams) -> tuple[list[int], list[torch.Tensor]]:
         _HIDDEN.clear()
@@ -172,7 +171,7 @@ class VllmEngine(Engine):
         expected = len(r.prompt_ids) + len(output_ids) - 1
         if rows.shape[0] != expected:
             raise FatalError(f"captured {rows.shape[0]} hidden rows, expected {expected}", Reason.OK)
-        finish = "stop" if output_ids and output_ids[-1] in r.stop_ids else "length"
+        finish: FinishReason = "stop" if output_ids and output_ids[-1] in r.stop_ids else "length"
         return Generation(tuple(output_ids), tuple(samples), rows, finish)
 
     def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:

@@ -8,18 +8,18 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from node.engines.base import GenerationRequest  # noqa: E402
-from node.engines.models import get_model_spec, materialise_model  # noqa: E402
-from node.engines.tokenizer import ModelTokenizer  # noqa: E402
-from node.engines.transformers_engine import TransformersEngine  # noqa: E402
-from node.engines.vllm_engine import VllmEngine  # noqa: E402
-from node.executer.service import ExecuterService  # noqa: E402
-from node.profiles import load_profile  # noqa: E402
-from node.protocol.fingerprint import build_fingerprint, verify_fingerprint  # noqa: E402
-from node.protocol.sampler import SamplingParams, compute_raw_logprobs  # noqa: E402
-from node.protocol.seed import run_seed  # noqa: E402
-from tests.node.engines.test_transformers_engine import stage1  # noqa: E402
-from tests.node.executer.conftest import RunningServer  # noqa: E402
+from node.engines.base import GenerationRequest
+from node.engines.models import get_model_spec, materialise_model
+from node.engines.tokenizer import ModelTokenizer
+from node.engines.transformers_engine import TransformersEngine
+from node.engines.vllm_engine import VllmEngine
+from node.executer.service import ExecuterService
+from node.profiles import load_profile
+from node.protocol.fingerprint import build_fingerprint, verify_fingerprint
+from node.protocol.sampler import SamplingParams, compute_raw_logprobs
+from node.protocol.seed import run_seed
+from tests.node.engines.test_transformers_engine import stage1
+from tests.node.executer.conftest import RunningServer
 
 NAME = "smollm2-135m-instruct"
 
@@ -86,7 +86,7 @@ def test_vllm_same_seed_same_output_other_seed_other(both):
 
 
 def test_vllm_answers_paris_over_the_api(both):
-    path, profile = load_profile(both.files.spec)
+    _, profile = load_profile(both.files.spec)
     service = ExecuterService(both.files, both.tokenizer, both.vllm, profile.fingerprint_thresholds())
     with RunningServer(service) as server:
         r = server.client().chat.completions.create(

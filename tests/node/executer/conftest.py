@@ -52,7 +52,7 @@ class RunningServer:
 
 
 def serve(model) -> Iterator[RunningServer]:
-    path, profile = load_profile(model.files.spec)
+    _, profile = load_profile(model.files.spec)
     service = ExecuterService(model.files, model.tokenizer, model.engine, profile.fingerprint_thresholds())
     with RunningServer(service) as server:
         yield server
