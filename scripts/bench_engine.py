@@ -1,0 +1,119 @@
+"""Benchmark the engines on the real SmolLM2-135M-Instruct (fp32): generation vs validation.
+
+For each backend (transformers; vLLM when importable, i.e. run it with .venv-vllm/bin/python):
+  decode tok/s        generating N tokens with the canonical sampler (stop tokens ignored)
+  prefill s           one teacher-forced pass over prompt + N generated tokens (the validator's work)
+  prefill / generate  the ratio the protocol's economy rests on
+  executer overhead   canonical sampler per token, artifact (leaves, Merkle root, zstd), fingerprints,
+                      each as a share of generation time
+Prints a table and writes JSON (default bench-results/bench_engine.json). Median of --repeats.
+Usage: .venv-vllm/bin/python scripts/bench_engine.py [--tokens 256] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from node.engines.base import Engine, GenerationRequest
+from node.engines.models import get_model_spec, materialise_model
+from node.engines.tokenizer import ModelTokenizer
+from node.engines.transformers_engine import TransformersEngine
+from node.protocol.artifact import Artifact, ArtifactHeader, encode_artifact_wire, positions_from_samples
+from node.protocol.fingerprint import build_fingerprint
+from node.protocol.sampler import SamplingParams, sample_position
+from node.protocol.seed import run_seed
+
+MODEL = "smollm2-135m-instruct"
+PROMPT = "Explain, step by step, how a bicycle's gears make climbing a hill easier. Use simple words."
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Return the median seconds of fn over repeats runs and the last result."""
+    samples, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), result
+
+
+def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], tokens: int, repeats: int) -> dict[str, Any]:
+    """Return the measurements for one backend."""
+    params = SamplingParams(1.0, 1.0, 0, tokens)
+    req = GenerationRequest(prompt, params, run_seed(1, 2), 5)  # no stop ids: always `tokens` tokens
+    engine.generate([GenerationRequest(prompt, SamplingParams(1.0, 1.0, 0, 4), run_seed(0, 0), 5)])  # warm-up
+    gen_s, gen = timed(lambda: engine.generate([req])[0], repeats)
+    prefill_s, pre = timed(lambda: engine.prefill(prompt, gen.output_ids), repeats)
+    header = ArtifactHeader(model_id, params.temperature_bits, params.top_p_bits, 0, tokens, 5, req.run_seed, prompt,
+                            len(gen.output_ids))
+
+    def artifact() -> bytes:
+        art = Artifact(header, positions_from_samples(gen.samples, 5))
+        return art.root + encode_artifact_wire(art)
+
+    artifact_s, _ = timed(artifact, repeats)
+    fingerprint_s, _ = timed(lambda: build_fingerprint(gen.hidden, len(prompt)), repeats)
+    rows = pre.logits[: min(64, len(gen.output_ids))]
+    sampler_s, _ = timed(lambda: [sample_position(r, params, 5, 12345) for r in rows], repeats)
+    sampler_per_token = sampler_s / len(rows)
+    n = len(gen.output_ids)
+    return {
+        "backend": engine.info.backend, "tokens": n, "prompt_tokens": len(prompt),
+        "generate_s": gen_s, "decode_tok_per_s": n / gen_s, "prefill_s": prefill_s,
+        "prefill_over_generate": prefill_s / gen_s, "generate_over_prefill": gen_s / prefill_s,
+        "sampler_ms_per_token": sampler_per_token * 1e3, "sampler_share": sampler_per_token * n / gen_s,
+        "artifact_ms": artifact_s * 1e3, "artifact_share": artifact_s / gen_s,
+        "fingerprint_ms": fingerprint_s * 1e3, "fingerprint_share": fingerprint_s / gen_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/bench_engine.json"))
+    args = parser.parse_args(argv)
+    spec = get_model_spec(MODEL)
+    files = materialise_model(spec)
+    prompt = ModelTokenizer(files.path, True).encode_chat([{"role": "user", "content": PROMPT}])
+    engines: list[Engine] = [TransformersEngine(files.path, MODEL)]
+    if importlib.util.find_spec("vllm") is not None:
+        from node.engines.vllm_engine import VllmEngine
+
+        engines.append(VllmEngine(files.path, MODEL))
+    rows = [bench_backend(e, files.model_id, prompt, args.tokens, args.repeats) for e in engines]
+    console = Console(width=160)
+    table = Table(title=f"{MODEL} fp32 on CPU ({torch.get_num_threads()} threads), prompt {len(prompt)} + "
+                        f"{args.tokens} tokens, median of {args.repeats}")
+    for col in ("backend", "decode tok/s", "generate s", "prefill s", "generate ÷ prefill", "sampler ms/tok",
+                "sampler %", "artifact ms", "artifact %", "fingerprint ms", "fingerprint %"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["backend"], f"{r['decode_tok_per_s']:.1f}", f"{r['generate_s']:.2f}", f"{r['prefill_s']:.3f}",
+                      f"{r['generate_over_prefill']:.1f}×", f"{r['sampler_ms_per_token']:.2f}",
+                      f"{100 * r['sampler_share']:.1f}", f"{r['artifact_ms']:.1f}", f"{100 * r['artifact_share']:.2f}",
+                      f"{r['fingerprint_ms']:.1f}", f"{100 * r['fingerprint_share']:.2f}")
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"benchmark": "engine", "model": MODEL, "dtype": "float32", "threads": torch.get_num_threads(),
+            "machine": platform.machine(), "torch": torch.__version__}
+    args.out.write_text(json.dumps({**meta, "results": rows}, indent=1) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
