@@ -129,6 +129,15 @@ def to_float32_array(logits: Any) -> np.ndarray:
     return arr
 
 
+def compute_descending_order(values: np.ndarray) -> np.ndarray:
+    """Return token ids by descending float32 value, ties by lower id (one sort of unique uint64 keys)."""
+    bits = (values.astype(np.float32) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> +0.0
+    ascending = np.where(bits >> 31 == 1, bits ^ 0xFFFFFFFF, bits | 0x80000000)  # float order as integers
+    keys = ((0xFFFFFFFF - ascending) << 20) | np.arange(values.size, dtype=np.uint64)  # ids < 2^20
+    order: np.ndarray = (np.sort(keys) & 0xFFFFF).astype(np.int64)
+    return order
+
+
 def compute_raw_logprobs(logits: np.ndarray) -> np.ndarray:
     """Return the temperature-1 log-softmax of float32 logits, in float32."""
     z = logits - logits.max()
@@ -169,15 +178,15 @@ def compute_sampling_distribution(logits: Any, params: SamplingParams) -> Sampli
     x = to_float32_array(logits)
     weights = np.zeros(x.size, dtype=np.uint64)
     if params.temperature == 0.0:
-        order = np.argsort(-x, kind="stable")
+        order = compute_descending_order(x)
         weights[0] = WEIGHT_MAX
     else:
         probs = compute_tempered_probs(x, params.temperature)
-        order = np.argsort(-probs, kind="stable")
+        order = compute_descending_order(probs)
         sorted_probs = probs[order]
         keep = compute_kept_count(sorted_probs, params.top_k, params.top_p)
         weights[:keep] = compute_integer_weights(sorted_probs[:keep])
-    return SamplingDistribution(order.astype(np.int64), weights, compute_raw_logprobs(x))
+    return SamplingDistribution(order, weights, compute_raw_logprobs(x))
 
 
 def choose_token(v: int, candidate_ids: np.ndarray, candidate_weights: np.ndarray,

@@ -172,3 +172,16 @@ def test_chosen_token_is_the_walk_over_the_full_sorted_order(logits, params, v):
     expected = int(dist.order[hit[0]]) if hit.size else int(dist.order[0])
     k = min(5, logits.size)
     assert sample_position(logits, params, k, v).chosen == expected
+
+
+@given(arrays(np.float32, st.integers(1, 400), elements=st.floats(-2.0**100, 2.0**100, width=32)))
+def test_descending_order_is_a_stable_sort_of_the_negated_values(values):
+    from node.protocol.sampler import compute_descending_order
+
+    assert compute_descending_order(values).tolist() == np.argsort(-values, kind="stable").tolist()
+
+
+def test_descending_order_treats_signed_zeros_as_equal():
+    from node.protocol.sampler import compute_descending_order
+
+    assert compute_descending_order(f32([-0.0, 0.0, -1.0, 2.0])).tolist() == [3, 0, 1, 2]
