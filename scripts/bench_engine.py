@@ -49,7 +49,8 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(samples), result
 
 
-def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], tokens: int, repeats: int) -> dict[str, Any]:
+def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], tokens: int,
+                  repeats: int) -> dict[str, Any]:
     """Return the measurements for one backend."""
     params = SamplingParams(1.0, 1.0, 0, tokens)
     req = GenerationRequest(prompt, params, run_seed(1, 2), 5)  # no stop ids: always `tokens` tokens
