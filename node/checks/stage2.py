@@ -1,0 +1,152 @@
+"""Stage 2, the distribution check (DESIGN.md §2): measurements from one prefill, no decisions.
+
+Input: the artifact, the validator's own logits for every generated position (one teacher-forced
+pass over prompt + output on the claimed model and dtype) and its hidden states. Output: a frozen
+``Stage2Measurements`` of numbers; ``node.checks.decision`` applies a profile's thresholds.
+
+Per position i, with the validator's raw (temperature-1) log-probabilities and its own canonical
+sampling distribution under the *declared* params:
+- logprob distance: Σ_j |raw_logprob_art[i,j] − raw_logprob_val[cand_j]| over the K candidates;
+- candidate mismatch: the artifact's candidate set differs from the validator's own top K;
+- weight error: max_j |w_art[i,j] − w_val[cand_j]| / 2^32;
+- sampler margin (Token-DiFR idea): 0 when v_i falls inside the chosen token's interval of the
+  validator's own CDF, else the probability mass between v_i and that interval;
+- surprisal: −log p_val(chosen) under the sampling distribution, against its expectation (the
+  entropy) and variance, summed into a z-score; the prefill attack (text from elsewhere, scored
+  afterwards) shows as surprisal far above entropy. Perplexity of the raw distribution too.
+``distance2`` is the mean per-position logprob distance plus the candidate-mismatch rate (the "+1"
+per mismatching position); its raw sum is reported separately.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from node.protocol.artifact import ArtifactHeader, Positions
+from node.protocol.fingerprint import ChunkMeasurement
+from node.protocol.sampler import WEIGHT_ONE, SamplingParams, compute_raw_logprobs, compute_sampling_distribution
+from node.protocol.seed import compute_sampler_uniforms
+
+SURPRISAL_FLOOR = 1e-30  # p = 0 under the validator (a masked token was chosen): surprisal capped, not inf
+
+
+@dataclass(frozen=True)
+class PositionMeasurement:
+    """Stage-2 numbers for one generated position."""
+
+    logprob_distance: float
+    candidates_differ: bool
+    weight_error: float
+    sampler_margin: float
+    surprisal: float
+    entropy: float
+    surprisal_variance: float
+    raw_nll: float
+
+
+@dataclass(frozen=True)
+class Stage2Measurements:
+    """Every stage-2 signal for one artifact, as numbers."""
+
+    positions: int
+    distance2: float
+    logprob_distance_sum: float
+    logprob_distance_max: float
+    candidate_mismatch_rate: float
+    weight_error_max: float
+    weight_error_mean: float
+    sampler_margin_max: float
+    sampler_mismatches: int
+    surprisal_z: float
+    surprisal_mean: float
+    entropy_mean: float
+    perplexity: float
+    fingerprint: tuple[ChunkMeasurement, ...]
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Return the scalar signals (fingerprint summarised by its worst chunk)."""
+        worst = max(self.fingerprint, key=lambda m: m.exponent_mismatches, default=None)
+        out: dict[str, float | int] = {k: v for k, v in self.__dict__.items() if k != "fingerprint"}
+        out["fingerprint_exponent_mismatches_max"] = worst.exponent_mismatches if worst else 0
+        out["fingerprint_mantissa_mean_max"] = max((m.mantissa_error_mean for m in self.fingerprint), default=0.0)
+        out["fingerprint_sign_mismatches_max"] = max((m.sign_mismatches for m in self.fingerprint), default=0)
+        return out
+
+
+def compute_sampler_margin(v: int, cumulative: np.ndarray, index: int) -> float:
+    """Return 0 if v lies in [W_{index-1}, W_index), else the mass between v and that interval."""
+    low = int(cumulative[index - 1]) if index > 0 else 0
+    high = int(cumulative[index])
+    if low <= v < high:
+        return 0.0
+    return (low - v if v < low else v - high + 1) / WEIGHT_ONE
+
+
+def measure_position(logits: np.ndarray, params: SamplingParams, v: int, chosen: int, token_ids: np.ndarray,
+                     weights: np.ndarray, raw_logprobs: np.ndarray) -> PositionMeasurement:
+    """Return the stage-2 numbers of one position against the validator's logits row."""
+    dist = compute_sampling_distribution(logits, params)
+    k = token_ids.size
+    own_lp = dist.raw_logprobs
+    rank = np.empty(dist.order.size, dtype=np.int64)
+    rank[dist.order] = np.arange(dist.order.size)
+    own_w = np.zeros(dist.order.size, dtype=np.int64)
+    own_w[dist.order] = dist.weights.astype(np.int64)
+    cumulative = np.cumsum(dist.weights.astype(np.int64))
+    p = own_w.astype(np.float64) / WEIGHT_ONE
+    p_chosen = max(float(p[chosen]), SURPRISAL_FLOOR)
+    nz = p[p > 0]
+    log_nz = np.log(nz)
+    entropy = float(-(nz * log_nz).sum())
+    variance = float((nz * log_nz**2).sum() - entropy**2)
+    return PositionMeasurement(
+        logprob_distance=float(np.abs(raw_logprobs.astype(np.float64) - own_lp[token_ids]).sum()),
+        candidates_differ=set(token_ids.tolist()) != set(dist.order[:k].tolist()),
+        weight_error=float(np.abs(weights.astype(np.int64) - own_w[token_ids]).max() / WEIGHT_ONE),
+        sampler_margin=compute_sampler_margin(v, cumulative, int(rank[chosen])),
+        surprisal=-math.log(p_chosen),
+        entropy=entropy,
+        surprisal_variance=max(variance, 0.0),
+        raw_nll=float(-own_lp[chosen]),
+    )
+
+
+def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
+                   fingerprint: tuple[ChunkMeasurement, ...] = ()) -> Stage2Measurements:
+    """Return every stage-2 signal of an artifact against the validator's prefill logits."""
+    n = len(positions)
+    if logits.shape[0] != n:
+        raise ValueError(f"{logits.shape[0]} logits rows for {n} positions")
+    params = header.params
+    v = compute_sampler_uniforms(header.run_seed, n)
+    rows = [measure_position(logits[i], params, int(v[i]), int(positions.chosen[i]), positions.token_ids[i],
+                             positions.weights[i], positions.raw_logprobs[i]) for i in range(n)]
+    return summarise(rows, fingerprint)
+
+
+def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasurement, ...]) -> Stage2Measurements:
+    """Return the artifact-level signals from per-position measurements."""
+    n = max(len(rows), 1)
+    dist = np.array([r.logprob_distance for r in rows] or [0.0])
+    mismatch = sum(r.candidates_differ for r in rows) / n
+    weight = np.array([r.weight_error for r in rows] or [0.0])
+    margin = np.array([r.sampler_margin for r in rows] or [0.0])
+    surprisal = sum(r.surprisal for r in rows)
+    entropy = sum(r.entropy for r in rows)
+    variance = sum(r.surprisal_variance for r in rows)
+    z = (surprisal - entropy) / math.sqrt(variance) if variance > 1e-12 else (0.0 if surprisal <= entropy + 1e-9
+                                                                               else math.inf)
+    return Stage2Measurements(
+        positions=len(rows), distance2=float(dist.mean()) + mismatch, logprob_distance_sum=float(dist.sum()),
+        logprob_distance_max=float(dist.max()), candidate_mismatch_rate=mismatch,
+        weight_error_max=float(weight.max()), weight_error_mean=float(weight.mean()),
+        sampler_margin_max=float(margin.max()), sampler_mismatches=int((margin > 0).sum()),
+        surprisal_z=z, surprisal_mean=surprisal / n, entropy_mean=entropy / n,
+        perplexity=math.exp(sum(r.raw_nll for r in rows) / n), fingerprint=fingerprint,
+    )
+
+
+__all__ = ["PositionMeasurement", "Stage2Measurements", "compute_raw_logprobs", "measure_position", "measure_stage2"]
