@@ -48,6 +48,109 @@ def protocol_demo(
     console.print("[green]self-check passed: the honest artifact verifies and every forgery is rejected[/green]")
 
 
+calibrate_app = typer.Typer(help="Calibration: measured honest and attack runs -> profile and report.",
+                            no_args_is_help=True)
+app.add_typer(calibrate_app, name="calibrate")
+
+
+@calibrate_app.command("run")
+def calibrate_run(
+    model: str = typer.Option("smollm2-135m-instruct", help="The claimed model to calibrate."),
+    out: Path = typer.Option(Path("docs/calibration/smollm2-135m-instruct.float32"), help="Run folder (resumable)."),
+    honest: int = typer.Option(300, help="Honest run specs (batch4 specs yield four runs each)."),
+    per_attack: int = typer.Option(16, help="Runs per attack."),
+    tokens: int = typer.Option(64, help="Generated tokens per run (prefixes 16/32/64/128 are measured)."),
+    gemma: bool = typer.Option(True, help="Include the Gemma-3-270M attacks (slow: 262k vocabulary)."),
+    variants: str = typer.Option("", help="Comma-separated honest variants to run (default: all available)."),
+    runs_file: str = typer.Option("runs.jsonl", help="Records file inside OUT (one per process)."),
+) -> None:
+    """Generate honest and attack runs and record every signal (appends to OUT/runs.jsonl; resumes)."""
+    from rich.progress import Progress
+
+    from node.calibrate.lab import build_lab
+    from node.calibrate.runs import ATTACKS, plan_runs, run_calibration
+
+    logging.basicConfig(level=logging.WARNING)
+    lab, available = build_lab(model, tokens, with_gemma=gemma and per_attack > 0)
+    chosen = tuple(v for v in variants.split(",") if v) or available
+    if not set(chosen) <= set(available):
+        raise typer.BadParameter(f"variants {chosen} not all available here: {available}")
+    specs = [s for s in plan_runs(honest, per_attack, chosen) if gemma or "gemma" not in s.name]
+    console.print(f"{len(specs)} run specs; honest variants {chosen}; attacks {len(ATTACKS)}")
+    with Progress(console=console) as progress:
+        task = progress.add_task("calibrating", total=None)
+        ran = run_calibration(lab, out / runs_file, specs,
+                              lambda n, total: progress.update(task, completed=n, total=total))
+    console.print(f"ran {ran} specs into {out / runs_file}")
+
+
+@calibrate_app.command("fit")
+def calibrate_fit(
+    model: str = typer.Option("smollm2-135m-instruct", help="The calibrated model."),
+    dtype: str = typer.Option("float32", help="The calibrated dtype."),
+    runs: Path = typer.Option(Path("docs/calibration/smollm2-135m-instruct.float32"), help="Folder of runs*.jsonl."),
+    report: Path = typer.Option(None, help="Report folder (default: the runs folder)."),
+    write_profile: bool = typer.Option(True, help="Write config/profiles/<model>.<dtype>.toml."),
+) -> None:
+    """Choose thresholds on the calibration half, report rates on the held-out half, write the profile."""
+    from node.calibrate.report import render_profile, write_report
+    from node.calibrate.runs import read_records
+    from node.engines.models import REPO_ROOT
+
+    records = [r for path in sorted(runs.glob("runs*.jsonl")) for r in read_records(path)]
+    folder = report or runs
+    thresholds, rates = write_report(records, folder, model, dtype)
+    console.print(f"report: {folder / 'report.md'} ({len(records)} records); alpha {rates['alpha']:.4f} "
+                  f"(95 % upper {rates['alpha_upper']:.4f}) over {rates['honest_runs']} held-out honest runs")
+    if write_profile:
+        path = REPO_ROOT / "config" / "profiles" / f"{model}.{dtype}.toml"
+        path.write_text(render_profile(model, dtype, thresholds, rates, f"{len(records)} runs in {runs}"))
+        console.print(f"profile: {path}")
+
+
+@app.command("verify")
+def verify(
+    payload: Path = typer.Option(..., help="Payload JSON (as served at /v1/payloads/{inference_id})."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Run stage 1, one prefill and stage 2 on a payload, and print the report (exit 1 if invalid)."""
+    import json
+
+    from node.engines.models import get_model_spec, materialise_model
+    from node.engines.tokenizer import ModelTokenizer
+    from node.engines.transformers_engine import TransformersEngine
+    from node.executer.api import InferencePayload
+    from node.profiles import load_profile
+    from node.validator.verify import verify_payload
+
+    try:
+        data = InferencePayload.model_validate_json(payload.read_bytes())
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]cannot read payload {payload}: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    spec = get_model_spec(data.model)
+    files = materialise_model(spec)
+    _, profile = load_profile(spec)
+    engine = TransformersEngine(files.path, spec.name)
+    report = verify_payload(data, files, ModelTokenizer(files.path, spec.chat), engine, profile.stage2_thresholds())
+    scores = report.measurements.as_dict() if report.measurements else {}
+    if as_json:
+        console.print_json(json.dumps({"valid": report.valid, "reason": report.reason.name,
+                                       "stage1_position": report.stage1.position if report.stage1 else None,
+                                       "scores": scores}))
+    else:
+        table = Table(title=f"verification of inference {data.inference_id} on {data.model}")
+        table.add_column("signal")
+        table.add_column("value", justify="right")
+        table.add_row("stage 1", report.stage1.reason.name if report.stage1 else "-")
+        for key, value in scores.items():
+            table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
+        console.print(table)
+        colour = "green" if report.valid else "red"
+        console.print(f"[{colour}]{'VALID' if report.valid else 'INVALID'}: {report.reason.name}[/{colour}]")
+    raise typer.Exit(0 if report.valid else 1)
+
+
 @executer_app.command("serve")
 def executer_serve(
     model: str = typer.Option("smollm2-135m-instruct", help="Registered model name (config/models.toml)."),

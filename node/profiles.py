@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from node.checks.decision import Stage2Thresholds
 from node.checks.fingerprint import FingerprintThresholds
 from node.engines.models import REPO_ROOT, ModelSpec
 from node.errors import FatalError, Reason
@@ -34,17 +35,38 @@ class FingerprintSection(BaseModel):
     max_sign_mismatches: int
 
 
+class Stage2Section(BaseModel):
+    """Stage-2 thresholds as written by the calibration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_weight_error: float
+    max_sampler_margin: float
+    max_logprob_distance: float
+    max_candidate_mismatch_rate: float
+    max_surprisal_z: float
+    max_distance2: float
+
+
 class ModelProfile(BaseModel):
-    """A whole profile file (later issues add the stage-2 sections)."""
+    """A whole profile file: fingerprint thresholds, and stage 2's once calibrated."""
 
     model_config = ConfigDict(extra="allow")
 
     meta: ProfileMeta
     fingerprint: FingerprintSection
+    stage2: Stage2Section | None = None
 
     def fingerprint_thresholds(self) -> FingerprintThresholds:
         """Return the fingerprint thresholds for the decision."""
         return FingerprintThresholds(**self.fingerprint.model_dump())
+
+    def stage2_thresholds(self) -> Stage2Thresholds:
+        """Return stage 2's thresholds, or raise if this profile was never calibrated for them."""
+        if self.stage2 is None:
+            raise FatalError(f"profile for {self.meta.model} has no [stage2] section: run `verinfer calibrate`",
+                             Reason.UNKNOWN_MODEL)
+        return Stage2Thresholds(fingerprint=self.fingerprint_thresholds(), **self.stage2.model_dump())
 
 
 def load_profile(spec: ModelSpec) -> tuple[Path, ModelProfile]:

@@ -120,6 +120,9 @@ class VllmOptions:
 
     dtype: str = "float32"
     max_model_len: int = 4096
+    # On the CPU backend this is the share of *host* memory vLLM reserves; its 0.92 default fails
+    # as soon as anything else (a validator, a test suite) holds memory.
+    memory_fraction: float = 0.25
 
 
 class VllmEngine(Engine):
@@ -129,7 +132,8 @@ class VllmEngine(Engine):
         self.options = options or VllmOptions()
         self.llm = LLM(model=str(model_dir), dtype=self.options.dtype, enforce_eager=True, max_num_seqs=1,
                        max_model_len=self.options.max_model_len, enable_prefix_caching=False,
-                       logits_processors=[CanonicalSampler], seed=0)
+                       logits_processors=[CanonicalSampler], seed=0,
+                       gpu_memory_utilization=self.options.memory_fraction)
         self.llm.apply_model(_install_hook)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         (self.lm_head,) = self.llm.apply_model(_lm_head_weight)

@@ -1,0 +1,1 @@
+"""Calibration: measured honest and attack runs → thresholds, error rates, profile and report."""

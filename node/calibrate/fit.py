@@ -1,0 +1,115 @@
+"""From calibration records to thresholds, error rates and a profile (measure, then decide).
+
+Runs are split by a hash of their key into a calibration half (thresholds are chosen there) and a
+held-out half (error rates are reported there). Threshold rule, per signal, over every prefix
+length of the calibration half's honest runs:
+- error magnitudes (weight error, logprob distance, candidate mismatch, distance2, fingerprint
+  mantissa): twice the largest honest value;
+- sampler margin: twice the larger of the largest honest margin and the largest honest weight
+  error (a margin below the numerical noise of the weights is noise);
+- counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
+- surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling).
+α is the held-out honest rejection rate with a one-sided 95 % Clopper-Pearson upper bound; β per
+attack is its held-out acceptance rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+LENGTHS = ("16", "32", "64", "128")
+MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate", "distance2",
+              "fingerprint_mantissa_mean_max")
+COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
+ORDER = ("weight_error_max", "sampler_margin_max", "logprob_distance_max", "candidate_mismatch_rate", "distance2",
+         "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
+         "fingerprint_sign_mismatches_max")
+TOPLOC = {"fingerprint_exponent_mismatches_max": 38, "fingerprint_mantissa_mean_max": 10.0}
+
+
+def is_calibration_split(key: str) -> bool:
+    """Return True for the calibration half, False for the held-out half (a fixed hash of the key)."""
+    return hashlib.sha256(key.encode()).digest()[0] % 2 == 0
+
+
+def rows(records: Iterable[dict[str, Any]], kind: str | None = None,
+         split: bool | None = None) -> Iterable[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """Yield (record, length, signals) for records of a kind and split."""
+    for r in records:
+        if (kind is None or r["kind"] == kind) and (split is None or is_calibration_split(r["key"]) == split):
+            for length, signals in r["lengths"].items():
+                yield r, length, signals
+
+
+def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Return a threshold per signal from the calibration half's honest runs."""
+    honest = [s for _, _, s in rows(records, "honest", True) if s["stage1"] == "OK"]
+    if not honest:
+        raise ValueError("no honest calibration runs")
+    top = {name: max(float(s[name]) for s in honest) for name in ORDER}
+    out = {name: 2 * top[name] for name in MAGNITUDES}
+    out.update({name: 2 * top[name] + 1 for name in COUNTS})
+    out["sampler_margin_max"] = 2 * max(top["sampler_margin_max"], top["weight_error_max"])
+    out["surprisal_z"] = top["surprisal_z"] + 2
+    return out
+
+
+def first_violation(signals: dict[str, Any], thresholds: dict[str, float], use_stage1: bool = True) -> str:
+    """Return what rejects these signals first: a stage-1 reason, a stage-2 signal, or "" if accepted."""
+    if use_stage1 and signals["stage1"] != "OK":
+        return f"stage1:{signals['stage1']}"
+    if signals.get("fingerprint_error"):
+        return f"fingerprint:{signals['fingerprint_error']}"
+    for name in ORDER:
+        if name in thresholds and float(signals[name]) > thresholds[name]:
+            return name
+    return ""
+
+
+def upper_bound(failures: int, n: int, confidence: float = 0.95) -> float:
+    """Return the one-sided Clopper-Pearson upper bound on a binomial rate."""
+    if n == 0:
+        return 1.0
+    if failures >= n:
+        return 1.0
+    lo, hi = failures / n, 1.0
+    for _ in range(60):  # bisection on P(X <= failures; n, p) = 1 - confidence
+        mid = (lo + hi) / 2
+        cdf = sum(math.comb(n, i) * mid**i * (1 - mid) ** (n - i) for i in range(failures + 1))
+        lo, hi = (mid, hi) if cdf > 1 - confidence else (lo, mid)
+    return hi
+
+
+@dataclass
+class Rates:
+    """Held-out outcome counts for one group at one length."""
+
+    n: int = 0
+    rejected: int = 0
+    caught_by: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def rate(self) -> float:
+        """Return the rejection rate."""
+        return self.rejected / self.n if self.n else float("nan")
+
+
+def held_out_rates(records: list[dict[str, Any]], thresholds: dict[str, float],
+                   use_stage1: bool = True) -> dict[str, dict[str, Rates]]:
+    """Return rejection counts per group ("honest" or attack name) and length on the held-out half."""
+    out: dict[str, dict[str, Rates]] = {}
+    for r, length, signals in rows(records, None, False):
+        group = "honest" if r["kind"] == "honest" else r["name"]
+        rates = out.setdefault(group, {}).setdefault(length, Rates())
+        why = first_violation(signals, thresholds, use_stage1)
+        rates.n += 1
+        if why:
+            rates.rejected += 1
+            rates.caught_by[why.split(":")[0] if why.startswith("fingerprint:") else why] += 1
+    return out
+

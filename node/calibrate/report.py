@@ -1,0 +1,126 @@
+"""The calibration report (markdown + PNG distributions) and the profile file it justifies."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from pathlib import Path
+from typing import Any
+
+from node.calibrate.fit import (
+    LENGTHS,
+    ORDER,
+    TOPLOC,
+    Rates,
+    choose_thresholds,
+    held_out_rates,
+    rows,
+    upper_bound,
+)
+
+PROFILE_KEYS = {
+    "weight_error_max": "max_weight_error", "sampler_margin_max": "max_sampler_margin",
+    "logprob_distance_max": "max_logprob_distance", "candidate_mismatch_rate": "max_candidate_mismatch_rate",
+    "surprisal_z": "max_surprisal_z", "distance2": "max_distance2",
+}
+
+
+def _fmt_rate(r: Rates | None) -> str:
+    return "–" if r is None or r.n == 0 else f"{100 * r.rate:.1f} % ({r.rejected}/{r.n})"
+
+
+def _caught(r: Rates | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in r.caught_by.most_common(3)) if r and r.caught_by else "–"
+
+
+def write_plots(records: list[dict[str, Any]], thresholds: dict[str, float], folder: Path, length: str) -> list[str]:
+    """Write one PNG per signal: every group's values at one length, the threshold marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, dict[str, list[float]]] = {}
+    for r, n, s in rows(records):
+        if n == length and not s.get("fingerprint_error"):
+            group = "honest" if r["kind"] == "honest" else r["name"]
+            for name in ORDER:
+                groups.setdefault(name, {}).setdefault(group, []).append(float(s[name]))
+    names = []
+    for name, by_group in groups.items():
+        labels = ["honest", *sorted(g for g in by_group if g != "honest")]
+        fig, ax = plt.subplots(figsize=(9, 0.32 * len(labels) + 1.4))
+        for y, label in enumerate(labels):
+            values = [v if math.isfinite(v) else 1e6 for v in by_group.get(label, [])]
+            ax.scatter(values, [y] * len(values), s=9, alpha=0.6, color="tab:green" if label == "honest" else "tab:red")
+        ax.axvline(thresholds[name], color="black", linestyle="--", label=f"threshold {thresholds[name]:.3g}")
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xscale("symlog", linthresh=1e-6 if "z" not in name else 1.0)
+        ax.set_title(f"{name} at {length} generated tokens", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(folder / f"{name}.{length}.png", dpi=90)
+        plt.close(fig)
+        names.append(f"{name}.{length}.png")
+    return names
+
+
+def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype: str) -> tuple[dict[str, float],
+                                                                                                 dict[str, Any]]:
+    """Write report.md and PNGs into folder; return the thresholds and the rates for the profile."""
+    folder.mkdir(parents=True, exist_ok=True)
+    thresholds = choose_thresholds(records)
+    full = held_out_rates(records, thresholds)
+    toploc = held_out_rates(records, dict(TOPLOC), use_stage1=False)
+    gonka = held_out_rates(records, {"distance2": thresholds["distance2"]}, use_stage1=False)
+    honest_n = {n: full.get("honest", {}).get(n, Rates()) for n in LENGTHS}
+    worst = max((r for r in honest_n.values() if r.n), key=lambda r: r.rate, default=Rates())
+    alpha, alpha_upper = worst.rate if worst.n else float("nan"), upper_bound(worst.rejected, worst.n)
+    lines = [f"# Calibration report: {model} ({dtype})", "",
+             f"Generated {_dt.date.today().isoformat()} by `verinfer calibrate` from {len(records)} recorded runs "
+             "(runs*.jsonl beside this file). Thresholds chosen on the calibration half, rates measured on the "
+             "held-out half (split by a hash of each run's key). Rules: node/calibrate/fit.py.", "",
+             "## Thresholds", "", "| signal | threshold | largest honest (calibration half) |", "|---|---:|---:|"]
+    cal_honest = [s for _, _, s in rows(records, "honest", True)]
+    for name in ORDER:
+        lines.append(f"| {name} | {thresholds[name]:.6g} | {max(float(s[name]) for s in cal_honest):.6g} |")
+    lines += ["", "## False positives (held-out honest runs)", "",
+              "| tokens | rejected | 95 % upper bound |", "|---:|---:|---:|"]
+    for n, r in honest_n.items():
+        if r.n:
+            lines.append(f"| {n} | {_fmt_rate(r)} | {100 * upper_bound(r.rejected, r.n):.2f} % |")
+    lines += ["", "## Detection per attack (held-out), all checks", "",
+              "| attack | " + " | ".join(f"{n} tokens" for n in LENGTHS) + " | caught by (64 tokens) |",
+              "|---|" + "---:|" * len(LENGTHS) + "---|"]
+    for group in sorted(g for g in full if g != "honest"):
+        cells = [_fmt_rate(full[group].get(n)) for n in LENGTHS]
+        lines.append(f"| {group} | " + " | ".join(cells) + f" | {_caught(full[group].get('64'))} |")
+    lines += ["", "## Baselines on the same runs (64 tokens)", "",
+              "TOPLOC alone: its published thresholds on the fingerprint (≤ 38 exponent mismatches, mantissa "
+              "mean ≤ 10; the median was not recorded). gonka-style distance alone: `distance2` with the "
+              "threshold above. Neither uses stage 1.", "",
+              "| group | all checks | TOPLOC alone | distance2 alone |", "|---|---:|---:|---:|"]
+    for group in ["honest", *sorted(g for g in full if g != "honest")]:
+        lines.append(f"| {group} | {_fmt_rate(full[group].get('64'))} | {_fmt_rate(toploc.get(group, {}).get('64'))}"
+                     f" | {_fmt_rate(gonka.get(group, {}).get('64'))} |")
+    plots = write_plots(records, thresholds, folder, "64")
+    lines += ["", "## Distributions at 64 tokens", ""] + [f"![{p}]({p})" for p in plots]
+    (folder / "report.md").write_text("\n".join(lines) + "\n")
+    beta = {g: 1 - full[g]["64"].rate for g in full if g != "honest" and "64" in full[g]}
+    return thresholds, {"alpha": alpha, "alpha_upper": alpha_upper, "honest_runs": worst.n, "beta": beta}
+
+
+def render_profile(model: str, dtype: str, thresholds: dict[str, float], rates: dict[str, Any], source: str) -> str:
+    """Return the profile TOML for calibrated thresholds and rates."""
+    out = [f"# Written by `verinfer calibrate` from {source}. Do not edit by hand: re-run the calibration.", "",
+           "[meta]", f'model = "{model}"', f'dtype = "{dtype}"', "calibrated = true", f'source = "{source}"', "",
+           "[fingerprint]",
+           f"max_exponent_mismatches = {int(thresholds['fingerprint_exponent_mismatches_max'])}",
+           f"max_mantissa_error_mean = {thresholds['fingerprint_mantissa_mean_max']!r}",
+           "max_mantissa_error_median = 127.0  # not calibrated separately; bounded by the mean",
+           f"max_sign_mismatches = {int(thresholds['fingerprint_sign_mismatches_max'])}", "", "[stage2]"]
+    out += [f"{PROFILE_KEYS[k]} = {thresholds[k]!r}" for k in PROFILE_KEYS]
+    out += ["", "[rates]", f"alpha = {rates['alpha']!r}", f"alpha_upper_95 = {rates['alpha_upper']!r}",
+            f"honest_runs_held_out = {rates['honest_runs']}", "", "[rates.beta_64_tokens]"]
+    out += [f'"{name}" = {value!r}' for name, value in sorted(rates["beta"].items())]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,70 @@
+"""Stage-2 decision: thresholds from a calibrated profile applied to measurements, a typed reason out.
+
+Signals are checked in a fixed order (the most specific evidence first); the first one over its
+threshold names the reason. ``scores_digest`` binds the exact numbers the decision saw, for the
+signed verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from node.checks.fingerprint import FingerprintThresholds, decide_fingerprint
+from node.checks.stage2 import Stage2Measurements
+from node.errors import Reason
+from node.protocol.hashing import keccak256
+from node.protocol.prompt import canonical_json
+
+
+@dataclass(frozen=True)
+class Stage2Thresholds:
+    """Upper bounds per signal, from the model profile (inf disables a signal)."""
+
+    max_weight_error: float
+    max_sampler_margin: float
+    max_logprob_distance: float
+    max_candidate_mismatch_rate: float
+    max_surprisal_z: float
+    max_distance2: float
+    fingerprint: FingerprintThresholds
+
+
+@dataclass(frozen=True)
+class Stage2Decision:
+    """Valid or not, why, and the digest of the scores behind it."""
+
+    reason: Reason
+    scores_digest: bytes
+
+    @property
+    def valid(self) -> bool:
+        """Check whether every signal was within its threshold."""
+        return self.reason is Reason.OK
+
+
+def compute_scores_digest(m: Stage2Measurements) -> bytes:
+    """Return keccak256 of the canonical JSON of the scalar scores (non-finite values as strings)."""
+    scores = {k: (v if not isinstance(v, float) or math.isfinite(v) else repr(v)) for k, v in m.as_dict().items()}
+    return keccak256(canonical_json(scores))
+
+
+def find_stage2_violation(m: Stage2Measurements, t: Stage2Thresholds) -> Reason:
+    """Return the first signal over its threshold, or Reason.OK."""
+    checks = (
+        (m.weight_error_max > t.max_weight_error, Reason.WEIGHT_ERROR),
+        (m.sampler_margin_max > t.max_sampler_margin, Reason.SAMPLER_MARGIN),
+        (m.logprob_distance_max > t.max_logprob_distance, Reason.LOGPROB_DISTANCE),
+        (m.candidate_mismatch_rate > t.max_candidate_mismatch_rate, Reason.CANDIDATE_MISMATCH),
+        (m.distance2 > t.max_distance2, Reason.DISTANCE2),
+        (m.surprisal_z > t.max_surprisal_z, Reason.SURPRISAL),
+    )
+    for broken, reason in checks:
+        if broken:
+            return reason
+    return decide_fingerprint(m.fingerprint, t.fingerprint).reason
+
+
+def decide_stage2(m: Stage2Measurements, t: Stage2Thresholds) -> Stage2Decision:
+    """Return the stage-2 decision for measurements under a profile's thresholds."""
+    return Stage2Decision(find_stage2_violation(m, t), compute_scores_digest(m))

@@ -1,0 +1,87 @@
+"""Verify one inference payload end to end: decode, stage 1, one prefill, stage 2, decision.
+
+Without a chain (``verinfer verify --payload``) the commitments are the payload's own artifact and
+the declared params stand in for the on-chain request; the daemon passes the chain's values.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+from node.checks.decision import Stage2Decision, Stage2Thresholds, decide_stage2
+from node.checks.stage1 import OnchainInference, SequenceCheckResult, sequence_check
+from node.checks.stage2 import Stage2Measurements, measure_stage2
+from node.engines.base import Engine
+from node.engines.models import ModelFiles
+from node.engines.tokenizer import ModelTokenizer
+from node.errors import InvalidArtifact, InvalidInput, Reason
+from node.executer.api import InferencePayload
+from node.protocol.artifact import Artifact, compute_output_hash, decode_artifact_wire
+from node.protocol.fingerprint import decode_fingerprint_base64, verify_fingerprint
+from node.protocol.prompt import normalise_messages
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    """Everything a validator concluded about one inference."""
+
+    reason: Reason
+    stage1: SequenceCheckResult | None
+    measurements: Stage2Measurements | None
+    decision: Stage2Decision | None
+
+    @property
+    def valid(self) -> bool:
+        """Check whether the inference passed every check."""
+        return self.reason is Reason.OK
+
+
+def tokenise_request(tokenizer: ModelTokenizer, request: dict[str, object]) -> tuple[int, ...]:
+    """Return the validator's own prompt ids for a request (chat messages or completion text)."""
+    if "messages" in request:
+        messages = request["messages"]
+        if not isinstance(messages, list):
+            raise InvalidInput("request messages must be a list", Reason.PROMPT_MISMATCH)
+        return tokenizer.encode_chat(normalise_messages(messages))
+    prompt = request.get("prompt")
+    if not isinstance(prompt, str):
+        raise InvalidInput("request has neither messages nor prompt", Reason.PROMPT_MISMATCH)
+    return tokenizer.encode_text(prompt)
+
+
+def decode_payload_artifact(payload: InferencePayload) -> Artifact:
+    """Return the payload's artifact, or raise InvalidArtifact."""
+    try:
+        wire = base64.b64decode(payload.artifact, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArtifact(f"artifact is not base64: {exc}", Reason.WIRE_MALFORMED) from exc
+    return decode_artifact_wire(wire)
+
+
+def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
+                   thresholds: Stage2Thresholds) -> VerificationReport:
+    """Return the verification report of one payload on the claimed model."""
+    try:
+        art = decode_payload_artifact(payload)
+        prompt_ids = tokenise_request(tokenizer, payload.request)
+        proofs = decode_fingerprint_base64(payload.verification_proofs)
+    except InvalidInput as exc:
+        return VerificationReport(exc.reason, None, None, None)
+    h = art.header
+    onchain = OnchainInference(int(payload.inference_id), int(payload.user_seed), files.model_id, h.temperature_bits,
+                               h.top_p_bits, h.top_k, h.max_tokens, files.spec.k, files.spec.vocab_size,
+                               compute_output_hash(art.positions.chosen), art.root, prompt_ids)
+    stage1 = sequence_check(h, art.positions, onchain)
+    if not stage1.valid:
+        return VerificationReport(stage1.reason, stage1, None, None)
+    output_ids = [int(t) for t in art.positions.chosen]
+    prefill = engine.prefill(prompt_ids, output_ids)
+    try:
+        fingerprint = tuple(verify_fingerprint(prefill.hidden, len(prompt_ids), proofs))
+    except InvalidInput as exc:
+        return VerificationReport(exc.reason, stage1, None, None)
+    measurements = measure_stage2(h, art.positions, prefill.logits, fingerprint)
+    decision = decide_stage2(measurements, thresholds)
+    return VerificationReport(decision.reason, stage1, measurements, decision)

@@ -1,0 +1,88 @@
+import math
+import tomllib
+
+import pytest
+
+from node.calibrate.fit import (
+    ORDER,
+    choose_thresholds,
+    first_violation,
+    held_out_rates,
+    is_calibration_split,
+    upper_bound,
+)
+from node.calibrate.report import render_profile
+from node.profiles import ModelProfile
+
+
+def signals(**over):
+    base = {name: 0.0 for name in ORDER}
+    base.update(stage1="OK", fingerprint_error="", fingerprint_exponent_mismatches_max=0,
+                fingerprint_sign_mismatches_max=0)
+    base.update(over)
+    return base
+
+
+def record(key, kind, name, **over):
+    return {"key": key, "kind": kind, "name": name, "lengths": {"16": signals(**over), "64": signals(**over)}}
+
+
+def keys(split, n, prefix):
+    out, i = [], 0
+    while len(out) < n:
+        key = f"{prefix}/{i}"
+        if is_calibration_split(key) == split:
+            out.append(key)
+        i += 1
+    return out
+
+
+def test_split_is_a_fixed_function_of_the_key():
+    assert is_calibration_split("honest/threads1/3") == is_calibration_split("honest/threads1/3")
+    share = sum(is_calibration_split(f"k/{i}") for i in range(2000)) / 2000
+    assert 0.45 < share < 0.55
+
+
+def test_thresholds_follow_the_documented_rules():
+    cal = [record(k, "honest", "threads2", weight_error_max=1e-6 * (j + 1), surprisal_z=float(j) - 1,
+                  fingerprint_exponent_mismatches_max=j, sampler_margin_max=0.0)
+           for j, k in enumerate(keys(True, 3, "honest/a"))]
+    held = [record(k, "honest", "threads2", weight_error_max=1.0) for k in keys(False, 3, "honest/b")]
+    t = choose_thresholds(cal + held)  # held-out values never move a threshold
+    assert t["weight_error_max"] == pytest.approx(2 * 3e-6)
+    assert t["sampler_margin_max"] == pytest.approx(2 * 3e-6)  # floor: the weight noise
+    assert t["surprisal_z"] == pytest.approx(1 + 2)
+    assert t["fingerprint_exponent_mismatches_max"] == 2 * 2 + 1
+
+
+def test_rates_count_held_out_rejections_and_who_caught_them():
+    cal = [record(k, "honest", "x", weight_error_max=1e-6) for k in keys(True, 4, "honest/c")]
+    held = [record(k, "honest", "x", weight_error_max=1e-6) for k in keys(False, 5, "honest/d")]
+    attacks = [record(k, "attack", "int8", weight_error_max=0.5) for k in keys(False, 3, "attack/int8")]
+    attacks += [record(k, "attack", "int8", stage1="CHOSEN_MISMATCH") for k in keys(False, 1, "attack/int8x")]
+    records = cal + held + attacks
+    t = choose_thresholds(records)
+    rates = held_out_rates(records, t)
+    assert (rates["honest"]["16"].n, rates["honest"]["16"].rejected) == (5, 0)
+    assert (rates["int8"]["64"].n, rates["int8"]["64"].rejected) == (4, 4)
+    assert rates["int8"]["64"].caught_by == {"weight_error_max": 3, "stage1:CHOSEN_MISMATCH": 1}
+    assert first_violation(signals(stage1="CHOSEN_MISMATCH"), t, use_stage1=False) == ""
+
+
+def test_upper_bound_matches_the_closed_form_for_zero_failures():
+    assert upper_bound(0, 300) == pytest.approx(1 - 0.05 ** (1 / 300), rel=1e-6)
+    assert upper_bound(5, 5) == 1.0
+    assert 0.01 < upper_bound(1, 100) < 0.05  # exact Clopper-Pearson: 0.0466
+
+
+def test_profile_round_trips_through_the_loader():
+    t = {name: 0.5 for name in ORDER}
+    t["fingerprint_exponent_mismatches_max"] = 3
+    t["fingerprint_sign_mismatches_max"] = 1
+    text = render_profile("m", "float32", t, {"alpha": 0.0, "alpha_upper": 0.01, "honest_runs": 300,
+                                               "beta": {"int8": 0.0}}, "test")
+    profile = ModelProfile.model_validate(tomllib.loads(text))
+    assert profile.meta.calibrated and profile.stage2 is not None
+    th = profile.stage2_thresholds()
+    assert th.max_weight_error == 0.5 and th.fingerprint.max_exponent_mismatches == 3
+    assert math.isclose(tomllib.loads(text)["rates"]["alpha_upper_95"], 0.01)

@@ -1,0 +1,45 @@
+import dataclasses
+import math
+
+from node.checks.decision import Stage2Thresholds, compute_scores_digest, decide_stage2
+from node.checks.fingerprint import FingerprintThresholds
+from node.checks.stage2 import Stage2Measurements
+from node.errors import Reason
+from node.protocol.fingerprint import ChunkMeasurement
+
+CLEAN = Stage2Measurements(positions=16, distance2=0.0, logprob_distance_sum=0.0, logprob_distance_max=0.0,
+                           candidate_mismatch_rate=0.0, weight_error_max=1e-6, weight_error_mean=1e-7,
+                           sampler_margin_max=0.0, sampler_mismatches=0, surprisal_z=0.3, surprisal_mean=1.0,
+                           entropy_mean=1.1, perplexity=3.0,
+                           fingerprint=(ChunkMeasurement(0, 0, 0.0, 0.0, 128), ChunkMeasurement(1, 0, 0.5, 0.0, 127)))
+T = Stage2Thresholds(max_weight_error=1e-4, max_sampler_margin=1e-4, max_logprob_distance=0.01,
+                     max_candidate_mismatch_rate=0.1, max_surprisal_z=5.0, max_distance2=0.05,
+                     fingerprint=FingerprintThresholds(3, 2.0, 2.0, 0))
+
+
+def test_clean_measurements_pass():
+    assert decide_stage2(CLEAN, T).valid
+
+
+def test_each_signal_names_its_reason_and_order_is_fixed():
+    cases = [("weight_error_max", 0.2, Reason.WEIGHT_ERROR), ("sampler_margin_max", 0.1, Reason.SAMPLER_MARGIN),
+             ("logprob_distance_max", 1.0, Reason.LOGPROB_DISTANCE),
+             ("candidate_mismatch_rate", 0.5, Reason.CANDIDATE_MISMATCH), ("distance2", 0.5, Reason.DISTANCE2),
+             ("surprisal_z", math.inf, Reason.SURPRISAL)]
+    for field, value, reason in cases:
+        assert decide_stage2(dataclasses.replace(CLEAN, **{field: value}), T).reason is reason
+    both = dataclasses.replace(CLEAN, weight_error_max=0.2, surprisal_z=9.0)
+    assert decide_stage2(both, T).reason is Reason.WEIGHT_ERROR
+
+
+def test_fingerprint_is_decided_after_the_token_signals():
+    bad = dataclasses.replace(CLEAN, fingerprint=(ChunkMeasurement(40, 0, 0.0, 0.0, 88),))
+    assert decide_stage2(bad, T).reason is Reason.FINGERPRINT_EXPONENT_MISMATCH
+    signs = dataclasses.replace(CLEAN, fingerprint=(ChunkMeasurement(0, 2, 0.0, 0.0, 128),))
+    assert decide_stage2(signs, T).reason is Reason.FINGERPRINT_SIGN_MISMATCH
+
+
+def test_scores_digest_binds_the_numbers():
+    assert compute_scores_digest(CLEAN) == compute_scores_digest(dataclasses.replace(CLEAN))
+    assert compute_scores_digest(CLEAN) != compute_scores_digest(dataclasses.replace(CLEAN, weight_error_max=2e-6))
+    assert len(compute_scores_digest(dataclasses.replace(CLEAN, surprisal_z=math.inf))) == 32

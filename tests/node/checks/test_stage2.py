@@ -1,0 +1,81 @@
+import math
+
+import numpy as np
+import pytest
+
+from node.checks.stage2 import compute_sampler_margin, measure_stage2
+from node.engines.base import GenerationRequest
+from node.protocol.artifact import ArtifactHeader, make_positions
+from node.protocol.sampler import WEIGHT_ONE, SamplingParams
+from node.protocol.seed import compute_sampler_uniforms, run_seed
+
+PROMPT = (1, 9690, 198, 2683, 359, 253, 5356, 28, 1780, 314)
+
+
+def generated(model, actual, declared=None, seed=(3, 4), n=24):
+    declared = declared or actual
+    req = GenerationRequest(PROMPT, SamplingParams(actual.temperature, actual.top_p, actual.top_k, n),
+                            run_seed(*seed), 5)
+    gen = model.engine.generate([req])[0]
+    header = ArtifactHeader(model.files.model_id, declared.temperature_bits, declared.top_p_bits, declared.top_k, n,
+                            5, req.run_seed, PROMPT, len(gen.output_ids))
+    return header, gen
+
+
+def test_sampler_margin_by_hand():
+    cumulative = np.array([100, 300, 300, 1000])
+    assert compute_sampler_margin(150, cumulative, 1) == 0.0
+    assert compute_sampler_margin(50, cumulative, 1) == 50 / WEIGHT_ONE
+    assert compute_sampler_margin(300, cumulative, 1) == 1 / WEIGHT_ONE
+    assert compute_sampler_margin(0, cumulative, 0) == 0.0
+    assert compute_sampler_margin(5, cumulative, 2) == 295 / WEIGHT_ONE  # zero-width interval
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, 0.9), SamplingParams(0.0)])
+def test_honest_generation_measures_near_zero(tiny, params):
+    header, gen = generated(tiny, params)
+    pre = tiny.engine.prefill(PROMPT, gen.output_ids)
+    m = measure_stage2(header, gen.positions(5), pre.logits)
+    assert m.positions == 24
+    assert m.weight_error_max < 1e-5 and m.sampler_margin_max == 0 and m.sampler_mismatches == 0
+    assert m.logprob_distance_max < 1e-3 and m.candidate_mismatch_rate == 0
+    assert m.distance2 < 1e-3 and math.isfinite(m.surprisal_z) and m.perplexity > 1
+
+
+def test_temperature_lie_shows_in_the_weights(tiny):
+    # The tiny random model is nearly uniform over 49,152 tokens (candidate weights ~2e-5), so the
+    # lie is compared with the same run measured honestly rather than with an absolute number.
+    honest_header, gen = generated(tiny, SamplingParams(1.0))
+    lie_header, _ = generated(tiny, SamplingParams(1.0), declared=SamplingParams(0.7))
+    logits = tiny.engine.prefill(PROMPT, gen.output_ids).logits
+    honest = measure_stage2(honest_header, gen.positions(5), logits)
+    lie = measure_stage2(lie_header, gen.positions(5), logits)
+    assert lie.weight_error_max > 100 * max(honest.weight_error_max, 1e-9)
+
+
+def test_a_swapped_tail_token_shows_as_a_sampler_margin(tiny):
+    header, gen = generated(tiny, SamplingParams(1.0))
+    p = gen.positions(5)
+    v = compute_sampler_uniforms(header.run_seed, len(p)).astype(np.int64)
+    i = int(np.flatnonzero(v >= p.weights.sum(axis=1))[0])  # tiny's flat distributions: most positions
+    chosen = np.array(p.chosen)
+    chosen[i] = next(t for t in range(1000, 2000) if t not in p.token_ids[i] and t != chosen[i])
+    forged = make_positions(chosen, p.token_ids, p.weights, p.raw_logprobs)
+    m = measure_stage2(header, forged, tiny.engine.prefill(PROMPT, [int(t) for t in chosen]).logits)
+    assert m.sampler_margin_max > 0 and m.sampler_mismatches >= 1
+
+
+def test_greedy_picking_a_non_argmax_token_is_infinitely_surprising(tiny):
+    header, gen = generated(tiny, SamplingParams(0.0))
+    p = gen.positions(5)
+    chosen = np.array(p.chosen)
+    chosen[3] = p.token_ids[3][1]
+    forged = make_positions(chosen, p.token_ids, p.weights, p.raw_logprobs)
+    m = measure_stage2(header, forged, tiny.engine.prefill(PROMPT, [int(t) for t in chosen]).logits)
+    assert m.surprisal_z == math.inf
+
+
+def test_rows_must_match_positions(tiny):
+    header, gen = generated(tiny, SamplingParams(1.0))
+    with pytest.raises(ValueError):
+        measure_stage2(header, gen.positions(5), np.zeros((3, 10), dtype=np.float32))
