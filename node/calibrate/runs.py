@@ -236,8 +236,9 @@ def swap_one_token(lab: Lab, claim: Claim) -> Claim:
     """Return the claim with one output token replaced, where stage 1 cannot see it if possible."""
     p = claim.positions
     v = compute_sampler_uniforms(claim.header.run_seed, len(p)).astype(np.int64)
-    tail = np.flatnonzero(v >= p.weights.sum(axis=1))
-    i = int(tail[len(tail) // 2]) if tail.size else len(p) // 2
+    # Early, so that every measured prefix (16 tokens and up) contains the swap.
+    tail = np.flatnonzero(v[: LENGTHS[0]] >= p.weights[: LENGTHS[0]].sum(axis=1))
+    i = int(tail[0]) if tail.size else LENGTHS[0] // 2
     chosen = np.array(p.chosen)
     candidates = set(p.token_ids[i].tolist())
     chosen[i] = next(t for t in range(100, lab.files.spec.vocab_size) if t not in candidates and t != chosen[i]) \
