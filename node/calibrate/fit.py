@@ -4,8 +4,9 @@ Runs are split by a hash of their key into a calibration half (thresholds are ch
 held-out half (error rates are reported there). Threshold rule, per signal, over every prefix
 length of the calibration half's honest runs:
 - error magnitudes (weight error, logprob distance, candidate mismatch, distance2, fingerprint
-  mantissa): twice the largest honest value;
-- sampler margin: twice the larger of the largest honest margin and the largest honest weight
+  mantissa): four times the largest honest value (numerical noise has a longer tail than a few
+  hundred runs show; the attacks measured sit 10^3-10^5 above it, so the margin costs nothing);
+- sampler margin: four times the larger of the largest honest margin and the largest honest weight
   error (a margin below the numerical noise of the weights is noise);
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
 - surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling).
@@ -30,6 +31,7 @@ ORDER = ("weight_error_max", "sampler_margin_max", "logprob_distance_max", "cand
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
          "fingerprint_sign_mismatches_max")
 TOPLOC = {"fingerprint_exponent_mismatches_max": 38, "fingerprint_mantissa_mean_max": 10.0}
+SAFETY = 4.0
 
 
 def is_calibration_split(key: str) -> bool:
@@ -52,9 +54,9 @@ def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
     if not honest:
         raise ValueError("no honest calibration runs")
     top = {name: max(float(s[name]) for s in honest) for name in ORDER}
-    out = {name: 2 * top[name] for name in MAGNITUDES}
+    out = {name: SAFETY * top[name] for name in MAGNITUDES}
     out.update({name: 2 * top[name] + 1 for name in COUNTS})
-    out["sampler_margin_max"] = 2 * max(top["sampler_margin_max"], top["weight_error_max"])
+    out["sampler_margin_max"] = SAFETY * max(top["sampler_margin_max"], top["weight_error_max"])
     out["surprisal_z"] = top["surprisal_z"] + 2
     return out
 

@@ -49,8 +49,8 @@ def test_thresholds_follow_the_documented_rules():
            for j, k in enumerate(keys(True, 3, "honest/a"))]
     held = [record(k, "honest", "threads2", weight_error_max=1.0) for k in keys(False, 3, "honest/b")]
     t = choose_thresholds(cal + held)  # held-out values never move a threshold
-    assert t["weight_error_max"] == pytest.approx(2 * 3e-6)
-    assert t["sampler_margin_max"] == pytest.approx(2 * 3e-6)  # floor: the weight noise
+    assert t["weight_error_max"] == pytest.approx(4 * 3e-6)
+    assert t["sampler_margin_max"] == pytest.approx(4 * 3e-6)  # floor: the weight noise
     assert t["surprisal_z"] == pytest.approx(1 + 2)
     assert t["fingerprint_exponent_mismatches_max"] == 2 * 2 + 1
 
