@@ -74,7 +74,7 @@ def test_every_leaf_field_mutation_fails_against_the_commitment(i, column, j, de
     art, onchain = honest(REQ)
     col = np.array(getattr(art.positions, column))
     if column == "chosen":
-        col[i] = (col[i] + delta) % REQ.vocab_size
+        col[i] = (col[i] + 1 + delta % (REQ.vocab_size - 1)) % REQ.vocab_size  # never a no-op
     elif column == "raw_logprobs":
         col[i, j] = np.nextafter(col[i, j], np.float32(-np.inf))
     else:
