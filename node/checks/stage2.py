@@ -27,7 +27,7 @@ import numpy as np
 
 from node.protocol.artifact import ArtifactHeader, Positions
 from node.protocol.fingerprint import ChunkMeasurement
-from node.protocol.sampler import WEIGHT_ONE, SamplingParams, compute_raw_logprobs, compute_sampling_distribution
+from node.protocol.sampler import WEIGHT_ONE, SamplingParams, compute_sampling_distribution
 from node.protocol.seed import compute_sampler_uniforms
 
 SURPRISAL_FLOOR = 1e-30  # p = 0 under the validator (a masked token was chosen): surprisal capped, not inf
@@ -148,5 +148,3 @@ def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasureme
         perplexity=math.exp(sum(r.raw_nll for r in rows) / n), fingerprint=fingerprint,
     )
 
-
-__all__ = ["PositionMeasurement", "Stage2Measurements", "compute_raw_logprobs", "measure_position", "measure_stage2"]

@@ -115,7 +115,8 @@ def sha256_file(path: Path) -> bytes:
 
 def locate_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
     """Return the path of the model's GGUF file, assembling it into the cache if needed."""
-    assert spec.package and spec.gguf_file
+    if not (spec.package and spec.gguf_file):
+        raise FatalError(f"model {spec.name} ({spec.source}) needs package and gguf_file", Reason.UNKNOWN_MODEL)
     if spec.source == "pypi-gguf":
         return _package_dir(spec.package) / spec.gguf_file
     target = cache_dir / "gguf" / spec.gguf_file
