@@ -19,7 +19,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.engines.models import UnknownModel
 from node.errors import InvalidInput, VerinferError
 from node.executer.api import (
     ChatCompletionRequest,
@@ -290,4 +289,4 @@ def create_app(service: ExecuterService, profile_path: str, calibrated: bool) ->
     return app
 
 
-__all__ = ["ApiError", "UnknownModel", "create_app"]
+__all__ = ["ApiError", "create_app"]
