@@ -10,6 +10,11 @@ length of the calibration half's honest runs:
   error (a margin below the numerical noise of the weights is noise);
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
 - surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling).
+Then the distribution signals are selected on the calibration half too (the fingerprint, the
+activation commitment, is always kept): going from the least specific signal up, a signal whose
+every rejection of an attack run is also made by the signals kept is dropped (its threshold
+becomes inf: measured and reported, not decided on). Each signal kept adds its own tail of honest
+noise to the false-positive rate, so one that catches nothing new only costs.
 α is the held-out honest rejection rate with a one-sided 95 % Clopper-Pearson upper bound; β per
 attack is its held-out acceptance rate.
 """
@@ -31,6 +36,7 @@ ORDER = ("weight_error_max", "sampler_margin_max", "logprob_distance_max", "cand
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
          "fingerprint_sign_mismatches_max")
 TOPLOC = {"fingerprint_exponent_mismatches_max": 38, "fingerprint_mantissa_mean_max": 10.0}
+SELECTABLE = tuple(name for name in ORDER if not name.startswith("fingerprint_"))
 SAFETY = 4.0
 
 
@@ -59,6 +65,17 @@ def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
     out["sampler_margin_max"] = SAFETY * max(top["sampler_margin_max"], top["weight_error_max"])
     out["surprisal_z"] = top["surprisal_z"] + 2
     return out
+
+
+def select_signals(records: list[dict[str, Any]], thresholds: dict[str, float]) -> dict[str, float]:
+    """Return the thresholds with signals redundant on the calibration half's attacks set to inf."""
+    attacks = [s for _, _, s in rows(records, "attack", True)]
+    kept = dict(thresholds)
+    for name in reversed(SELECTABLE):
+        trial = {k: v for k, v in kept.items() if k != name}
+        if all(bool(first_violation(s, trial)) == bool(first_violation(s, kept)) for s in attacks):
+            kept[name] = math.inf
+    return kept
 
 
 def first_violation(signals: dict[str, Any], thresholds: dict[str, float], use_stage1: bool = True) -> str:

@@ -15,6 +15,7 @@ from node.calibrate.fit import (
     choose_thresholds,
     held_out_rates,
     rows,
+    select_signals,
     upper_bound,
 )
 
@@ -69,10 +70,11 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
                                                                                                  dict[str, Any]]:
     """Write report.md and PNGs into folder; return the thresholds and the rates for the profile."""
     folder.mkdir(parents=True, exist_ok=True)
-    thresholds = choose_thresholds(records)
+    chosen = choose_thresholds(records)
+    thresholds = select_signals(records, chosen)
     full = held_out_rates(records, thresholds)
     toploc = held_out_rates(records, dict(TOPLOC), use_stage1=False)
-    gonka = held_out_rates(records, {"distance2": thresholds["distance2"]}, use_stage1=False)
+    gonka = held_out_rates(records, {"distance2": chosen["distance2"]}, use_stage1=False)
     honest_n = {n: full.get("honest", {}).get(n, Rates()) for n in LENGTHS}
     worst = max((r for r in honest_n.values() if r.n), key=lambda r: r.rate, default=Rates())
     alpha, alpha_upper = worst.rate if worst.n else float("nan"), upper_bound(worst.rejected, worst.n)
@@ -80,10 +82,14 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
              f"Generated {_dt.date.today().isoformat()} by `verinfer calibrate` from {len(records)} recorded runs "
              "(runs*.jsonl beside this file). Thresholds chosen on the calibration half, rates measured on the "
              "held-out half (split by a hash of each run's key). Rules: node/calibrate/fit.py.", "",
-             "## Thresholds", "", "| signal | threshold | largest honest (calibration half) |", "|---|---:|---:|"]
+             "## Thresholds", "",
+             "A signal marked *reported only* caught no calibration-half attack that the signals kept did not "
+             "also catch, so it is measured and shown but not decided on (rule in fit.py).", "",
+             "| signal | threshold | used | largest honest (calibration half) |", "|---|---:|---|---:|"]
     cal_honest = [s for _, _, s in rows(records, "honest", True)]
     for name in ORDER:
-        lines.append(f"| {name} | {thresholds[name]:.6g} | {max(float(s[name]) for s in cal_honest):.6g} |")
+        used = "yes" if math.isfinite(thresholds[name]) else "reported only"
+        lines.append(f"| {name} | {chosen[name]:.6g} | {used} | {max(float(s[name]) for s in cal_honest):.6g} |")
     lines += ["", "## False positives (held-out honest runs)", "",
               "| tokens | rejected | 95 % upper bound |", "|---:|---:|---:|"]
     for n, r in honest_n.items():
@@ -103,7 +109,7 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     for group in ["honest", *sorted(g for g in full if g != "honest")]:
         lines.append(f"| {group} | {_fmt_rate(full[group].get('64'))} | {_fmt_rate(toploc.get(group, {}).get('64'))}"
                      f" | {_fmt_rate(gonka.get(group, {}).get('64'))} |")
-    plots = write_plots(records, thresholds, folder, "64")
+    plots = write_plots(records, chosen, folder, "64")
     lines += ["", "## Distributions at 64 tokens", ""] + [f"![{p}]({p})" for p in plots]
     (folder / "report.md").write_text("\n".join(lines) + "\n")
     beta = {g: 1 - full[g]["64"].rate for g in full if g != "honest" and "64" in full[g]}

@@ -9,6 +9,7 @@ from node.calibrate.fit import (
     first_violation,
     held_out_rates,
     is_calibration_split,
+    select_signals,
     upper_bound,
 )
 from node.calibrate.report import render_profile
@@ -69,6 +70,20 @@ def test_rates_count_held_out_rejections_and_who_caught_them():
     assert first_violation(signals(stage1="CHOSEN_MISMATCH"), t, use_stage1=False) == ""
 
 
+def test_a_signal_that_catches_nothing_new_on_the_calibration_half_is_dropped():
+    cal = [record(k, "honest", "x", weight_error_max=1e-6, sampler_margin_max=1e-6) for k in keys(True, 4, "h/e")]
+    # margin fires with weight error on every calibration attack; surprisal alone catches the prefill one
+    attacks = [record(k, "attack", "int8", weight_error_max=0.5, sampler_margin_max=0.5) for k in keys(True, 3, "a/f")]
+    attacks += [record(k, "attack", "prefill", surprisal_z=50.0) for k in keys(True, 2, "a/g")]
+    # a held-out attack only margin would catch must not keep it (selection sees the calibration half only)
+    attacks += [record(k, "attack", "odd", sampler_margin_max=0.5) for k in keys(False, 2, "a/h")]
+    records = cal + attacks
+    t = select_signals(records, choose_thresholds(records))
+    assert t["sampler_margin_max"] == math.inf
+    assert t["weight_error_max"] == pytest.approx(4e-6) and t["surprisal_z"] < math.inf
+    assert t["fingerprint_exponent_mismatches_max"] < math.inf  # the fingerprint is never dropped
+
+
 def test_upper_bound_matches_the_closed_form_for_zero_failures():
     assert upper_bound(0, 300) == pytest.approx(1 - 0.05 ** (1 / 300), rel=1e-6)
     assert upper_bound(5, 5) == 1.0
@@ -79,10 +94,12 @@ def test_profile_round_trips_through_the_loader():
     t = {name: 0.5 for name in ORDER}
     t["fingerprint_exponent_mismatches_max"] = 3
     t["fingerprint_sign_mismatches_max"] = 1
+    t["sampler_margin_max"] = math.inf  # a dropped signal
     text = render_profile("m", "float32", t, {"alpha": 0.0, "alpha_upper": 0.01, "honest_runs": 300,
                                                "beta": {"int8": 0.0}}, "test")
     profile = ModelProfile.model_validate(tomllib.loads(text))
     assert profile.meta.calibrated and profile.stage2 is not None
     th = profile.stage2_thresholds()
+    assert th.max_sampler_margin == math.inf
     assert th.max_weight_error == 0.5 and th.fingerprint.max_exponent_mismatches == 3
     assert math.isclose(tomllib.loads(text)["rates"]["alpha_upper_95"], 0.01)
