@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.28;
+
+import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
+
+/// @title Registered models and their calibrated parameters, with the phased rollout
+/// @notice Registered: inferences run, nothing is checked. Measuring: checks run and verdicts are
+///         recorded, reputation does not move. Verifying: reputation moves, nobody is slashed.
+///         Punitive: past the slash threshold an operator is slashed and jailed.
+abstract contract ModelRegistry is AccessControl {
+    bytes32 public constant GOVERNOR_ROLE = keccak256("GOVERNOR_ROLE");
+
+    enum ModelState {
+        None,
+        Registered,
+        Measuring,
+        Verifying,
+        Punitive
+    }
+
+    struct Model {
+        uint64 alpha; // calibrated false-positive rate, 1e18
+        uint64 beta; // P(valid verdict | spoofer), 1e18
+        uint64 minCheckRate; // 1e18
+        uint32 vocabSize;
+        uint8 k;
+        ModelState state;
+        bytes32 profileHash; // keccak256 of the calibrated profile file
+    }
+
+    mapping(bytes32 => Model) public models;
+
+    event ModelRegistered(bytes32 indexed modelId, uint256 k, uint256 vocabSize, bytes32 profileHash);
+    event ModelParamsSet(bytes32 indexed modelId, uint256 alpha, uint256 beta, uint256 minCheckRate);
+    event ModelStateSet(bytes32 indexed modelId, ModelState state);
+
+    error UnknownModel(bytes32 modelId);
+    error ModelExists(bytes32 modelId);
+    error BadModelParams();
+    error BadStateTransition(ModelState from, ModelState to);
+
+    /// @notice Register a model id with its profile's K, vocabulary, rates and profile hash.
+    function registerModel(
+        bytes32 modelId,
+        uint8 k,
+        uint32 vocabSize,
+        uint64 alpha,
+        uint64 beta,
+        uint64 minCheckRate,
+        bytes32 profileHash
+    ) external onlyRole(GOVERNOR_ROLE) {
+        if (models[modelId].state != ModelState.None) revert ModelExists(modelId);
+        if (k == 0 || k > 64 || vocabSize < k || vocabSize > 2 ** 24) revert BadModelParams();
+        _requireRates(alpha, beta, minCheckRate);
+        models[modelId] = Model(alpha, beta, minCheckRate, vocabSize, k, ModelState.Registered, profileHash);
+        emit ModelRegistered(modelId, k, vocabSize, profileHash);
+        emit ModelParamsSet(modelId, alpha, beta, minCheckRate);
+    }
+
+    /// @notice Update a model's calibrated rates (a new calibration) and profile hash.
+    function setModelParams(bytes32 modelId, uint64 alpha, uint64 beta, uint64 minCheckRate, bytes32 profileHash)
+        external
+        onlyRole(GOVERNOR_ROLE)
+    {
+        Model storage m = _model(modelId);
+        _requireRates(alpha, beta, minCheckRate);
+        (m.alpha, m.beta, m.minCheckRate, m.profileHash) = (alpha, beta, minCheckRate, profileHash);
+        emit ModelParamsSet(modelId, alpha, beta, minCheckRate);
+    }
+
+    /// @notice Move a model one phase forward or back (never to None).
+    function setModelState(bytes32 modelId, ModelState state) external onlyRole(GOVERNOR_ROLE) {
+        Model storage m = _model(modelId);
+        uint8 from = uint8(m.state);
+        uint8 to = uint8(state);
+        if (to == 0 || (to != from + 1 && to + 1 != from)) revert BadStateTransition(m.state, state);
+        m.state = state;
+        emit ModelStateSet(modelId, state);
+    }
+
+    function _model(bytes32 modelId) internal view returns (Model storage m) {
+        m = models[modelId];
+        if (m.state == ModelState.None) revert UnknownModel(modelId);
+    }
+
+    function _requireRates(uint64 alpha, uint64 beta, uint64 minCheckRate) private pure {
+        // alpha in (0, 1): alpha = 0 makes one invalid verdict certain proof, alpha = 1 makes verdicts meaningless
+        if (alpha == 0 || alpha >= 1e18 || beta >= 1e18 || minCheckRate > 1e18) revert BadModelParams();
+    }
+}

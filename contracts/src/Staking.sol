@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.28;
+
+import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {Address} from "@openzeppelin/contracts/utils/Address.sol";
+
+/// @title Native-ETH stake for operators and validators, with pull payments
+/// @notice Unbonding takes `unbondingDelay` blocks, longer than the commit + check + fraud windows,
+///         and stake stays slashable until it is withdrawn.
+abstract contract Staking is ReentrancyGuard {
+    enum Role {
+        None,
+        Operator,
+        Validator
+    }
+
+    struct Staker {
+        uint96 stake;
+        uint64 spoofP; // operators: spoofer probability, 1e18 fixed point
+        uint32 bondBlock;
+        uint32 unbondBlock; // 0 while bonded
+        uint16 open; // operators: inferences accepted and not yet settled
+        Role role;
+        bool jailed;
+    }
+
+    uint256 public constant MAX_VALIDATORS = 64;
+
+    uint256 public immutable minOperatorStake;
+    uint256 public immutable minValidatorStake;
+    uint256 public immutable unbondingDelay;
+
+    mapping(address => Staker) public stakers;
+    address[] public validators; // index is stable (a withdrawn validator's slot is never reused); it is the vote-bitmap bit
+    mapping(address => uint256) public credits; // withdrawable fees, rewards and refunds
+    address public immutable treasury;
+
+    /// @notice Σ stakes; with Σ credits and escrowed fees it is the contract's whole balance.
+    uint256 public totalStaked;
+    uint256 public totalCredits;
+
+    event Bonded(address indexed who, Role role, uint256 amount, uint256 stake);
+    event UnbondRequested(address indexed who, uint256 withdrawableAt);
+    event Withdrawn(address indexed who, uint256 amount);
+    event Slashed(address indexed who, uint256 amount, bytes32 cause);
+    event Jailed(address indexed who);
+    event Credited(address indexed who, uint256 amount);
+    event Claimed(address indexed who, uint256 amount);
+
+    error WrongRole(address who, Role has);
+    error StakeTooLow(uint256 stake, uint256 minimum);
+    error StakeOverflow();
+    error Unbonding(address who);
+    error NotUnbonding(address who);
+    error UnbondingNotOver(uint256 withdrawableAt);
+    error OpenInferences(uint256 open);
+    error TooManyValidators();
+    error NothingToClaim();
+
+    constructor(uint256 minOperatorStake_, uint256 minValidatorStake_, uint256 unbondingDelay_, address treasury_) {
+        minOperatorStake = minOperatorStake_;
+        minValidatorStake = minValidatorStake_;
+        unbondingDelay = unbondingDelay_;
+        treasury = treasury_;
+    }
+
+    /// @notice Bond (or top up) native ETH as an operator or a validator.
+    function bond(Role role) external payable {
+        Staker storage s = stakers[msg.sender];
+        if (role == Role.None || (s.role != Role.None && s.role != role)) revert WrongRole(msg.sender, s.role);
+        if (s.unbondBlock != 0) revert Unbonding(msg.sender);
+        uint256 stake = s.stake + msg.value;
+        if (stake > type(uint96).max) revert StakeOverflow();
+        uint256 minimum = role == Role.Operator ? minOperatorStake : minValidatorStake;
+        if (stake < minimum) revert StakeTooLow(stake, minimum);
+        if (s.role == Role.None) {
+            if (role == Role.Validator) {
+                if (validators.length >= MAX_VALIDATORS) revert TooManyValidators();
+                validators.push(msg.sender);
+            }
+            s.role = role;
+            s.spoofP = uint64(_prior());
+            s.bondBlock = uint32(block.number);
+        }
+        s.stake = uint96(stake);
+        totalStaked += msg.value;
+        emit Bonded(msg.sender, role, msg.value, stake);
+    }
+
+    /// @notice Start unbonding: no new work from now on; stake stays slashable until withdrawn.
+    function requestUnbond() external {
+        Staker storage s = stakers[msg.sender];
+        if (s.role == Role.None) revert WrongRole(msg.sender, s.role);
+        if (s.unbondBlock != 0) revert Unbonding(msg.sender);
+        s.unbondBlock = uint32(block.number);
+        emit UnbondRequested(msg.sender, block.number + unbondingDelay);
+    }
+
+    /// @notice Withdraw the whole remaining stake once the unbonding delay has passed.
+    function withdraw() external nonReentrant {
+        Staker storage s = stakers[msg.sender];
+        if (s.unbondBlock == 0) revert NotUnbonding(msg.sender);
+        if (block.number < s.unbondBlock + unbondingDelay) revert UnbondingNotOver(s.unbondBlock + unbondingDelay);
+        if (s.open != 0) revert OpenInferences(s.open);
+        uint256 amount = s.stake;
+        s.stake = 0;
+        totalStaked -= amount;
+        emit Withdrawn(msg.sender, amount);
+        Address.sendValue(payable(msg.sender), amount);
+    }
+
+    /// @notice Withdraw accumulated fees, rewards and refunds.
+    function claim() external nonReentrant {
+        uint256 amount = credits[msg.sender];
+        if (amount == 0) revert NothingToClaim();
+        credits[msg.sender] = 0;
+        totalCredits -= amount;
+        emit Claimed(msg.sender, amount);
+        Address.sendValue(payable(msg.sender), amount);
+    }
+
+    /// @notice Number of validator slots ever taken.
+    function validatorCount() external view returns (uint256) {
+        return validators.length;
+    }
+
+    function _prior() internal pure virtual returns (uint256);
+
+    function _credit(address who, uint256 amount) internal {
+        if (amount == 0) return;
+        credits[who] += amount;
+        totalCredits += amount;
+        emit Credited(who, amount);
+    }
+
+    /// @dev Move `bps` of a staker's stake out of the stake; returns the amount taken.
+    function _slash(address who, uint256 bps, bytes32 cause) internal returns (uint256 amount) {
+        Staker storage s = stakers[who];
+        amount = uint256(s.stake) * bps / 10_000;
+        s.stake -= uint96(amount);
+        totalStaked -= amount;
+        emit Slashed(who, amount, cause);
+    }
+
+    function _jail(address who) internal {
+        Staker storage s = stakers[who];
+        if (!s.jailed) {
+            s.jailed = true;
+            emit Jailed(who);
+        }
+    }
+
+    /// @dev A validator eligible for committees of an inference committed at `commitBlock`.
+    function _isEligibleValidator(Staker storage s, uint256 commitBlock) internal view returns (bool) {
+        return s.role == Role.Validator && s.stake >= minValidatorStake && s.bondBlock < commitBlock
+            && (s.unbondBlock == 0 || s.unbondBlock >= commitBlock) && !s.jailed;
+    }
+}

@@ -1,0 +1,508 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.28;
+
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
+import {Protocol} from "./Protocol.sol";
+import {Staking} from "./Staking.sol";
+import {ModelRegistry} from "./ModelRegistry.sol";
+
+/// @title verinfer: inference commitments, committee verdicts, Bayesian reputation, slashing, fraud proofs
+/// @notice One inference's life (DESIGN.md §1): request → commit → selection (fixed by a block hash
+///         that did not exist at commit time) → EIP-712 verdicts from the committee until a quorum
+///         decides, or the check window ends → fees. A stage-1 forgery can be proven by anyone from
+///         one Merkle leaf until the fraud window ends.
+/// @dev Randomness: blockhash(commitBlock + 1) mixed with the id. The operator cannot know it when
+///      committing, but the proposer of that block can withhold it (one re-roll at the cost of a
+///      block reward), and it is readable for 256 blocks only (checkWindow is capped below that).
+///      A VRF or beacon output (e.g. drand, RANDAO of a later epoch via EIP-4788) would replace
+///      `selectionSeed` without touching the rest.
+contract Verinfer is Staking, ModelRegistry, EIP712 {
+    enum Status {
+        None,
+        Requested,
+        Committed,
+        Valid,
+        Invalid,
+        Unchecked,
+        Expired,
+        Fraud
+    }
+
+    struct Inference {
+        address requester; // slot 0
+        uint64 userSeed;
+        uint32 commitDeadline;
+        address operator; // slot 1
+        uint96 fee;
+        bytes32 modelId; // slot 2
+        bytes32 commitment; // slot 3: Protocol.computeCommitment(outputHash, artifactRoot, fingerprintHash)
+        uint32 commitBlock; // slot 4
+        Status status;
+        uint8 validVotes;
+        uint8 invalidVotes;
+        uint64 voted; // bit = validator index
+        uint64 votedInvalid;
+    }
+
+    struct Params {
+        uint32 temperatureBits;
+        uint32 topPBits;
+        uint32 topK;
+        uint32 maxTokens;
+    }
+
+    struct Commitment {
+        bytes32 outputHash;
+        bytes32 artifactRoot;
+        bytes32 fingerprintHash;
+    }
+
+    /// @notice One committee member's signed verdict (the signed fields besides id and root).
+    struct Vote {
+        bool valid;
+        uint16 reason;
+        bytes32 scoresDigest;
+        uint64 deadline;
+        bytes signature;
+    }
+
+    struct Config {
+        uint256 minOperatorStake;
+        uint256 minValidatorStake;
+        uint256 unbondingDelay; // blocks
+        address treasury;
+        uint32 commitWindow; // blocks after the request
+        uint32 checkWindow; // blocks after the commit for verdicts (< 255)
+        uint32 fraudWindow; // blocks after the commit for fraud proofs
+        uint8 committeeSize; // stake-weighted draws (distinct members form the committee)
+        uint64 slashThreshold; // 1e18
+        uint16 slashBps; // of stake, at the threshold (punitive models only)
+        uint16 slashValidatorShareBps; // of the slashed amount, to the validators who voted invalid
+        uint16 fraudSlashBps; // of stake, on a proven forgery
+        uint16 proverRewardBps; // of the slashed amount, to the prover
+        uint16 validatorFeeBps; // of the fee, to the committee
+        uint16 timeoutSlashBps; // of stake, to the requester, when a commit never came
+    }
+
+    bytes32 public constant VERDICT_TYPEHASH = keccak256(
+        "Verdict(uint256 inferenceId,bytes32 artifactRoot,bool valid,uint16 reason,bytes32 scoresDigest,uint64 deadline)"
+    );
+    uint256 public constant MAX_COMMITTEE = 16;
+
+    uint32 public immutable commitWindow;
+    uint32 public immutable checkWindow;
+    uint32 public immutable fraudWindow;
+    uint8 public immutable committeeSize;
+    uint64 public immutable slashThreshold;
+    uint16 public immutable slashBps;
+    uint16 public immutable slashValidatorShareBps;
+    uint16 public immutable fraudSlashBps;
+    uint16 public immutable proverRewardBps;
+    uint16 public immutable validatorFeeBps;
+    uint16 public immutable timeoutSlashBps;
+
+    uint256 public nextInferenceId;
+    mapping(uint256 => Inference) internal inferences;
+    /// @notice Fees held for inferences not yet settled.
+    uint256 public totalEscrow;
+
+    event InferenceRequested(
+        uint256 indexed inferenceId,
+        address indexed requester,
+        address indexed operator,
+        bytes32 modelId,
+        bytes32 promptHash,
+        uint64 userSeed,
+        Params params,
+        uint256 fee
+    );
+    event InferenceCommitted(
+        uint256 indexed inferenceId,
+        address indexed operator,
+        bytes32 outputHash,
+        bytes32 artifactRoot,
+        bytes32 fingerprintHash
+    );
+    event VerdictRecorded(
+        uint256 indexed inferenceId, address indexed validator, bool valid, uint16 reason, bytes32 scoresDigest
+    );
+    event InferenceSettled(uint256 indexed inferenceId, Status status, uint256 spoofP);
+    event InferenceExpired(uint256 indexed inferenceId, uint256 penalty);
+    event FraudProven(uint256 indexed inferenceId, address indexed prover, uint32 position, uint16 reason);
+
+    error BadConfig();
+    error NotOperator(address who);
+    error OperatorUnavailable(address operator);
+    error ModelInactive(bytes32 modelId);
+    error FeeTooLarge();
+    error WrongStatus(uint256 inferenceId, Status status);
+    error CommitTooLate(uint256 deadline);
+    error CommitNotExpired(uint256 deadline);
+    error ZeroCommitment();
+    error CommitmentMismatch();
+    error SelectionNotReady(uint256 readyAt);
+    error CheckWindowOver(uint256 endedAt);
+    error CheckWindowOpen(uint256 endsAt);
+    error FraudWindowOver(uint256 endedAt);
+    error NotChecked(uint256 inferenceId);
+    error NoVotes();
+    error VerdictExpired(uint64 deadline);
+    error NotInCommittee(address signer);
+    error AlreadyVoted(address signer);
+    error ArtifactRootMismatch();
+    error NotFraud(uint256 position);
+
+    constructor(Config memory c)
+        Staking(c.minOperatorStake, c.minValidatorStake, c.unbondingDelay, c.treasury)
+        EIP712("verinfer", "1")
+    {
+        if (
+            c.treasury == address(0) || c.commitWindow == 0 || c.checkWindow == 0 || c.checkWindow >= 255
+                || c.fraudWindow < c.checkWindow || c.committeeSize == 0 || c.committeeSize > MAX_COMMITTEE
+                || c.unbondingDelay <= uint256(c.commitWindow) + c.fraudWindow + 1 || c.slashThreshold > 1e18
+                || c.slashBps > 10_000 || c.slashValidatorShareBps > 10_000 || c.fraudSlashBps > 10_000
+                || c.proverRewardBps > 10_000 || c.validatorFeeBps > 10_000 || c.timeoutSlashBps > 10_000
+        ) revert BadConfig();
+        commitWindow = c.commitWindow;
+        checkWindow = c.checkWindow;
+        fraudWindow = c.fraudWindow;
+        committeeSize = c.committeeSize;
+        slashThreshold = c.slashThreshold;
+        slashBps = c.slashBps;
+        slashValidatorShareBps = c.slashValidatorShareBps;
+        fraudSlashBps = c.fraudSlashBps;
+        proverRewardBps = c.proverRewardBps;
+        validatorFeeBps = c.validatorFeeBps;
+        timeoutSlashBps = c.timeoutSlashBps;
+        _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
+        _grantRole(GOVERNOR_ROLE, msg.sender);
+    }
+
+    // ---- requests and commitments ---------------------------------------------------------------
+
+    /// @notice Ask `operator` to run `modelId` on the prompt behind `promptHash`; msg.value is the fee.
+    function requestInference(address operator, bytes32 modelId, bytes32 promptHash, uint64 userSeed, Params calldata p)
+        external
+        payable
+        returns (uint256 id)
+    {
+        if (models[modelId].state == ModelState.None) revert ModelInactive(modelId);
+        Staker storage s = stakers[operator];
+        if (s.role != Role.Operator || s.jailed || s.unbondBlock != 0 || s.stake < minOperatorStake) {
+            revert OperatorUnavailable(operator);
+        }
+        if (msg.value > type(uint96).max) revert FeeTooLarge();
+        id = ++nextInferenceId;
+        Inference storage inf = inferences[id];
+        (inf.requester, inf.userSeed, inf.commitDeadline) = (msg.sender, userSeed, uint32(block.number + commitWindow));
+        (inf.operator, inf.fee, inf.modelId, inf.status) = (operator, uint96(msg.value), modelId, Status.Requested);
+        s.open += 1;
+        totalEscrow += msg.value;
+        emit InferenceRequested(id, msg.sender, operator, modelId, promptHash, userSeed, p, msg.value);
+    }
+
+    /// @notice The assigned operator commits the output, artifact root and fingerprint hash.
+    function commitInference(uint256 id, bytes32 outputHash, bytes32 artifactRoot, bytes32 fingerprintHash) external {
+        Inference storage inf = inferences[id];
+        if (inf.status != Status.Requested) revert WrongStatus(id, inf.status);
+        if (msg.sender != inf.operator) revert NotOperator(msg.sender);
+        if (block.number > inf.commitDeadline) revert CommitTooLate(inf.commitDeadline);
+        bytes32 commitment = Protocol.computeCommitment(outputHash, artifactRoot, fingerprintHash);
+        if (commitment == 0) revert ZeroCommitment();
+        (inf.commitment, inf.commitBlock, inf.status) = (commitment, uint32(block.number), Status.Committed);
+        emit InferenceCommitted(id, msg.sender, outputHash, artifactRoot, fingerprintHash);
+    }
+
+    /// @notice After a missed commit deadline: refund the fee and pay the requester from the operator's stake.
+    function expire(uint256 id) external {
+        Inference storage inf = inferences[id];
+        if (inf.status != Status.Requested) revert WrongStatus(id, inf.status);
+        if (block.number <= inf.commitDeadline) revert CommitNotExpired(inf.commitDeadline);
+        inf.status = Status.Expired;
+        stakers[inf.operator].open -= 1;
+        totalEscrow -= inf.fee;
+        uint256 penalty = _slash(inf.operator, timeoutSlashBps, bytes32(id));
+        _credit(inf.requester, inf.fee + penalty);
+        emit InferenceExpired(id, penalty);
+    }
+
+    // ---- selection ------------------------------------------------------------------------------
+
+    /// @notice The randomness that fixes whether an inference is checked and by whom.
+    function selectionSeed(uint256 id) public view returns (bytes32) {
+        Inference storage inf = inferences[id];
+        if (inf.commitBlock == 0) revert WrongStatus(id, inf.status);
+        uint256 source = uint256(inf.commitBlock) + 1;
+        if (block.number <= source) revert SelectionNotReady(source + 1);
+        if (block.number > source + 256) revert CheckWindowOver(source + 256);
+        return keccak256(abi.encode(blockhash(source), id));
+    }
+
+    /// @notice Whether the inference is checked (probability max(minCheckRate, P)) and its committee.
+    function selectionOf(uint256 id) public view returns (bool checked, address[] memory committee) {
+        Inference storage inf = inferences[id];
+        bytes32 seed = selectionSeed(id);
+        Model storage m = models[inf.modelId];
+        if (m.state < ModelState.Measuring) return (false, committee);
+        uint256 rate = _max(m.minCheckRate, stakers[inf.operator].spoofP);
+        if (uint256(keccak256(abi.encode(seed, "check"))) % Protocol.WAD >= rate) return (false, committee);
+        uint256[] memory members = _drawCommittee(seed, inf.commitBlock);
+        committee = new address[](members.length);
+        for (uint256 j; j < members.length; ++j) {
+            committee[j] = validators[members[j]];
+        }
+        return (members.length > 0, committee);
+    }
+
+    /// @dev Stake-weighted draws with replacement among eligible validators; returns distinct indexes.
+    function _drawCommittee(bytes32 seed, uint256 commitBlock) internal view returns (uint256[] memory members) {
+        uint256 n = validators.length;
+        uint256[] memory weight = new uint256[](n);
+        uint256 total;
+        for (uint256 i; i < n; ++i) {
+            Staker storage s = stakers[validators[i]];
+            if (_isEligibleValidator(s, commitBlock)) {
+                weight[i] = s.stake;
+                total += s.stake;
+            }
+        }
+        members = new uint256[](committeeSize);
+        if (total == 0) {
+            assembly ("memory-safe") { mstore(members, 0) }
+            return members;
+        }
+        uint256 count;
+        uint256 taken; // bitmap of drawn indexes
+        for (uint256 j; j < committeeSize; ++j) {
+            uint256 r = uint256(keccak256(abi.encode(seed, j))) % total;
+            uint256 i;
+            while (r >= weight[i]) {
+                r -= weight[i];
+                ++i;
+            }
+            if (taken & (1 << i) == 0) {
+                taken |= 1 << i;
+                members[count++] = i;
+            }
+        }
+        assembly ("memory-safe") { mstore(members, count) }
+    }
+
+    // ---- verdicts -------------------------------------------------------------------------------
+
+    /// @notice EIP-712 digest a validator signs for a verdict (DESIGN.md §2).
+    function verdictDigest(
+        uint256 id,
+        bytes32 artifactRoot,
+        bool valid,
+        uint16 reason,
+        bytes32 scoresDigest,
+        uint64 deadline
+    ) public view returns (bytes32) {
+        return _hashTypedDataV4(
+            keccak256(abi.encode(VERDICT_TYPEHASH, id, artifactRoot, valid, reason, scoresDigest, deadline))
+        );
+    }
+
+    /// @notice Submit committee members' signed verdicts (anyone may); a quorum settles the inference.
+    function submitVerdicts(uint256 id, Commitment calldata c, Vote[] calldata votes) external {
+        Inference storage inf = inferences[id];
+        if (inf.status != Status.Committed) revert WrongStatus(id, inf.status);
+        if (Protocol.computeCommitment(c.outputHash, c.artifactRoot, c.fingerprintHash) != inf.commitment) {
+            revert CommitmentMismatch();
+        }
+        if (block.number > uint256(inf.commitBlock) + checkWindow) revert CheckWindowOver(inf.commitBlock + checkWindow);
+        if (votes.length == 0) revert NoVotes();
+        (bool checked, address[] memory committee) = selectionOf(id);
+        if (!checked) revert NotChecked(id);
+        uint256 share = uint256(inf.fee) * validatorFeeBps / 10_000 / committeeSize;
+        for (uint256 v; v < votes.length; ++v) {
+            _recordVote(id, inf, c.artifactRoot, votes[v], committee, share);
+        }
+        uint256 quorum = committee.length / 2 + 1;
+        if (inf.validVotes >= quorum) _settle(id, inf, true);
+        else if (inf.invalidVotes >= quorum) _settle(id, inf, false);
+    }
+
+    function _recordVote(
+        uint256 id,
+        Inference storage inf,
+        bytes32 artifactRoot,
+        Vote calldata vote,
+        address[] memory committee,
+        uint256 share
+    ) private {
+        if (vote.deadline < block.timestamp) revert VerdictExpired(vote.deadline);
+        bytes32 digest = verdictDigest(id, artifactRoot, vote.valid, vote.reason, vote.scoresDigest, vote.deadline);
+        address signer = ECDSA.recover(digest, vote.signature); // rejects high-s and malformed signatures
+        uint256 index = _committeeIndex(committee, signer);
+        uint64 bit = uint64(1) << uint64(index);
+        if (inf.voted & bit != 0) revert AlreadyVoted(signer);
+        inf.voted |= bit;
+        if (vote.valid) {
+            inf.validVotes += 1;
+        } else {
+            inf.invalidVotes += 1;
+            inf.votedInvalid |= bit;
+        }
+        totalEscrow -= share;
+        _credit(signer, share);
+        emit VerdictRecorded(id, signer, vote.valid, vote.reason, vote.scoresDigest);
+    }
+
+    function _committeeIndex(address[] memory committee, address signer) private view returns (uint256) {
+        for (uint256 j; j < committee.length; ++j) {
+            if (committee[j] == signer) {
+                for (uint256 i; i < validators.length; ++i) {
+                    if (validators[i] == signer) return i;
+                }
+            }
+        }
+        revert NotInCommittee(signer);
+    }
+
+    /// @notice Settle an inference whose check window ended without a quorum (or that was not checked).
+    function finalize(uint256 id) external {
+        Inference storage inf = inferences[id];
+        if (inf.status != Status.Committed) revert WrongStatus(id, inf.status);
+        uint256 endsAt = uint256(inf.commitBlock) + checkWindow;
+        if (block.number <= endsAt) revert CheckWindowOpen(endsAt);
+        inf.status = Status.Unchecked;
+        _pay(inf, inf.operator);
+        emit InferenceSettled(id, Status.Unchecked, stakers[inf.operator].spoofP);
+    }
+
+    function _settle(uint256 id, Inference storage inf, bool valid) private {
+        inf.status = valid ? Status.Valid : Status.Invalid;
+        Model storage m = models[inf.modelId];
+        Staker storage op = stakers[inf.operator];
+        if (m.state >= ModelState.Verifying) {
+            uint256 p = Protocol.computePosterior(op.spoofP, m.alpha, m.beta, valid);
+            op.spoofP = uint64(p);
+            if (!valid && m.state == ModelState.Punitive && p >= slashThreshold && !op.jailed) {
+                uint256 amount = _slash(inf.operator, slashBps, bytes32(id));
+                _splitSlash(amount, inf.votedInvalid, inf.invalidVotes);
+                _jail(inf.operator);
+            }
+        }
+        _pay(inf, valid ? inf.operator : inf.requester);
+        emit InferenceSettled(id, inf.status, op.spoofP);
+    }
+
+    /// @dev Release the escrowed fee: validator shares already paid per vote, the rest to `to`, unpaid shares too.
+    function _pay(Inference storage inf, address to) private {
+        uint256 fee = inf.fee;
+        uint256 paid = uint256(fee) * validatorFeeBps / 10_000 / committeeSize * (inf.validVotes + inf.invalidVotes);
+        stakers[inf.operator].open -= 1;
+        totalEscrow -= fee - paid;
+        _credit(to, fee - paid);
+    }
+
+    function _splitSlash(uint256 amount, uint64 voters, uint256 count) private {
+        uint256 each = count == 0 ? 0 : amount * slashValidatorShareBps / 10_000 / count;
+        for (uint256 i; voters != 0; ++i) {
+            if (voters & 1 != 0) _credit(validators[i], each);
+            voters >>= 1;
+        }
+        _credit(treasury, amount - each * count);
+    }
+
+    // ---- fraud proofs ---------------------------------------------------------------------------
+
+    /// @notice Prove that one committed artifact leaf breaks the stage-1 rule for its position.
+    function proveFraud(
+        uint256 id,
+        Commitment calldata c,
+        bytes32 headerHash,
+        bytes calldata leaf,
+        bytes32[] calldata proof
+    ) external nonReentrant {
+        Inference storage inf = inferences[id];
+        Status status = inf.status;
+        if (status < Status.Committed || status == Status.Expired || status == Status.Fraud) {
+            revert WrongStatus(id, status);
+        }
+        if (block.number > uint256(inf.commitBlock) + fraudWindow) revert FraudWindowOver(inf.commitBlock + fraudWindow);
+        if (Protocol.computeCommitment(c.outputHash, c.artifactRoot, c.fingerprintHash) != inf.commitment) {
+            revert CommitmentMismatch();
+        }
+        (uint32 position, uint16 reason) = _findForgery(id, inf, c.artifactRoot, headerHash, leaf, proof);
+        inf.status = Status.Fraud;
+        if (status == Status.Committed) _pay(inf, inf.requester);
+        _punishForgery(id, inf.operator);
+        emit FraudProven(id, msg.sender, position, reason);
+    }
+
+    /// @dev The leaf's position and the stage-1 rule it breaks; reverts if it is not in the artifact or breaks none.
+    function _findForgery(
+        uint256 id,
+        Inference storage inf,
+        bytes32 artifactRoot,
+        bytes32 headerHash,
+        bytes calldata leaf,
+        bytes32[] calldata proof
+    ) private view returns (uint32 position, uint16 reason) {
+        bytes32 positionsRoot = MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
+        if (Protocol.computeArtifactRoot(headerHash, positionsRoot) != artifactRoot) revert ArtifactRootMismatch();
+        Model storage m = models[inf.modelId];
+        (position,) = Protocol.decodeLeafHead(leaf);
+        uint256 v = Protocol.computeSamplerUniform(Protocol.computeRunSeed(inf.userSeed, id), position);
+        reason = Protocol.findPositionViolation(leaf, m.k, v, m.vocabSize);
+        if (reason == Protocol.OK) revert NotFraud(position);
+    }
+
+    function _punishForgery(uint256 id, address operator) private {
+        uint256 amount = _slash(operator, fraudSlashBps, bytes32(id));
+        uint256 reward = amount * proverRewardBps / 10_000;
+        _credit(msg.sender, reward);
+        _credit(treasury, amount - reward);
+        stakers[operator].spoofP = uint64(Protocol.P_MAX);
+        _jail(operator);
+    }
+
+    /// @notice An inference's stored record.
+    function getInference(uint256 id) external view returns (Inference memory) {
+        return inferences[id];
+    }
+
+    // ---- views that mirror node.protocol (for cross-language tests and clients) ----------------
+
+    /// @notice run_seed for a user seed and inference id.
+    function computeRunSeed(uint64 userSeed, uint256 id) external pure returns (bytes32) {
+        return Protocol.computeRunSeed(userSeed, id);
+    }
+
+    /// @notice v_i for a run seed and position.
+    function computeSamplerUniform(bytes32 runSeed, uint32 i) external pure returns (uint256) {
+        return Protocol.computeSamplerUniform(runSeed, i);
+    }
+
+    /// @notice The Bayes update of the spoofer probability.
+    function computePosterior(uint256 p, uint256 alpha, uint256 beta, bool valid) external pure returns (uint256) {
+        return Protocol.computePosterior(p, alpha, beta, valid);
+    }
+
+    /// @notice The stage-1 rule for one leaf.
+    function findPositionViolation(bytes calldata leaf, uint256 k, uint256 v, uint256 vocabSize)
+        external
+        pure
+        returns (uint16)
+    {
+        return Protocol.findPositionViolation(leaf, k, v, vocabSize);
+    }
+
+    /// @notice A positions root from a leaf and its proof, as the fraud proof computes it.
+    function computePositionsRoot(bytes calldata leaf, bytes32[] calldata proof) external pure returns (bytes32) {
+        return MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
+    }
+
+    function _prior() internal pure override returns (uint256) {
+        return Protocol.PRIOR;
+    }
+
+    function _max(uint256 a, uint256 b) private pure returns (uint256) {
+        return a > b ? a : b;
+    }
+}
