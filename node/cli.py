@@ -17,6 +17,11 @@ protocol_app = typer.Typer(help="Protocol v1 tools (no model, chain or network).
 app.add_typer(protocol_app, name="protocol")
 executer_app = typer.Typer(help="Executer mode: serve a model with verifiable artifacts.", no_args_is_help=True)
 app.add_typer(executer_app, name="executer")
+from node.cli_chain import chain_app, models_app, stake_app  # noqa: E402 - sub-apps after the root app
+
+app.add_typer(chain_app, name="chain")
+app.add_typer(stake_app, name="stake")
+app.add_typer(models_app, name="models")
 console = Console()
 if not console.is_terminal:  # logs and CI: do not wrap hashes and table rows at 80 columns
     console = Console(width=120)
