@@ -61,10 +61,14 @@ library Protocol {
         return WEIGHT_ONE - vocabSize - 1;
     }
 
-    /// @notice Position index and chosen token of an encoded leaf.
-    function decodeLeafHead(bytes calldata leaf) internal pure returns (uint32 i, uint32 chosen) {
-        i = uint32(bytes4(leaf[0:4]));
-        chosen = uint32(bytes4(leaf[4:8]));
+    /// @notice Position index of an encoded leaf.
+    function decodeLeafPosition(bytes calldata leaf) internal pure returns (uint32) {
+        return uint32(bytes4(leaf[0:4]));
+    }
+
+    /// @notice Chosen token of an encoded leaf.
+    function decodeLeafChosen(bytes calldata leaf) internal pure returns (uint32) {
+        return uint32(bytes4(leaf[4:8]));
     }
 
     /// @notice Candidate j (token id, weight) of an encoded leaf.
@@ -93,16 +97,16 @@ library Protocol {
             }
         }
         // uint32 weights are always <= WEIGHT_MAX: WEIGHT_OUT_OF_RANGE cannot occur in this encoding.
-        uint256 sum;
+        uint256 sum = 0;
         for (uint256 j; j < k; ++j) {
             if (j > 0 && weights[j - 1] < weights[j]) return WEIGHTS_NOT_SORTED;
             sum += weights[j];
         }
         if (sum > WEIGHT_ONE) return WEIGHT_SUM_OVERFLOW;
-        (, uint32 chosen) = decodeLeafHead(leaf);
+        uint32 chosen = decodeLeafChosen(leaf);
         if (chosen >= vocabSize) return CHOSEN_OUT_OF_RANGE;
-        uint256 cumulative;
-        bool inCandidates;
+        uint256 cumulative = 0;
+        bool inCandidates = false;
         for (uint256 j; j < k; ++j) {
             cumulative += weights[j];
             if (v < cumulative) return chosen == tokens[j] ? OK : CHOSEN_MISMATCH;
