@@ -15,6 +15,37 @@ contract InferenceTest is Fixture {
         assertSolvent();
     }
 
+    function test_constructorRefusesInconsistentConfigs() public {
+        Verinfer.Config memory c = config();
+        c.checkWindow = 255; // block hashes last 256 blocks: selection must be readable for the whole window
+        vm.expectRevert(Verinfer.BadConfig.selector);
+        new Verinfer(c);
+        c = config();
+        c.unbondingDelay = c.commitWindow + c.fraudWindow; // stake could leave before a fraud proof
+        vm.expectRevert(Verinfer.BadConfig.selector);
+        new Verinfer(c);
+        c = config();
+        c.treasury = address(0);
+        vm.expectRevert(Verinfer.BadConfig.selector);
+        new Verinfer(c);
+        c = config();
+        c.committeeSize = 17;
+        vm.expectRevert(Verinfer.BadConfig.selector);
+        new Verinfer(c);
+        c = config();
+        c.slashBps = 10_001;
+        vm.expectRevert(Verinfer.BadConfig.selector);
+        new Verinfer(c);
+    }
+
+    function test_requestRevertsForAFeeAboveUint96() public {
+        uint256 fee = uint256(type(uint96).max) + 1;
+        vm.deal(REQUESTER, fee);
+        vm.prank(REQUESTER);
+        vm.expectRevert(Verinfer.FeeTooLarge.selector);
+        hub.requestInference{value: fee}(op, MODEL, 0, 1, params());
+    }
+
     function test_requestRevertsForAnUnknownModel() public {
         bytes32 unknown = keccak256("nope");
         vm.expectRevert(abi.encodeWithSelector(Verinfer.ModelInactive.selector, unknown));
