@@ -79,3 +79,36 @@ def test_rows_must_match_positions(tiny):
     header, gen = generated(tiny, SamplingParams(1.0))
     with pytest.raises(ValueError):
         measure_stage2(header, gen.positions(5), np.zeros((3, 10), dtype=np.float32))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from node.checks.stage2 import measure_position, measure_position_fast  # noqa: E402
+from node.protocol.sampler import sample_position  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), vocab=st.sampled_from([7, 300, 5000]),
+       scale=st.sampled_from([0.3, 3.0, 12.0]), ties=st.booleans(),
+       temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_p=st.sampled_from([1.0, 0.95, 0.5, 0.05]),
+       top_k=st.sampled_from([0, 1, 3, 40, 400]), v=st.integers(0, 2**32 - 1), lie=st.booleans())
+def test_fast_position_measurement_equals_the_reference(seed, vocab, scale, ties, temperature, top_p, top_k, v, lie):
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal(vocab) * scale).astype(np.float32)
+    if ties:  # coarse logits: many exact ties, the order's tie rule matters
+        logits = np.round(logits).astype(np.float32)
+    params = SamplingParams(temperature, top_p, top_k, 64)
+    k = min(5, vocab)
+    s = sample_position(logits, params, k, v)
+    chosen = s.chosen if not lie else int(rng.integers(0, vocab))  # also positions the sampler did not choose
+    args = (logits, params, v, chosen, np.array(s.token_ids), np.array(s.weights, dtype=np.int64),
+            np.array(s.raw_logprobs, dtype=np.float32))
+    ref, fast = measure_position(*args), measure_position_fast(*args)
+    assert fast.candidates_differ == ref.candidates_differ
+    assert fast.logprob_distance == ref.logprob_distance and fast.raw_nll == ref.raw_nll
+    one = 1 / WEIGHT_ONE  # the normaliser's summation order may move a weight by one unit
+    assert abs(fast.weight_error - ref.weight_error) <= one
+    assert abs(fast.sampler_margin - ref.sampler_margin) <= vocab * one
+    assert math.isclose(fast.entropy, ref.entropy, rel_tol=1e-9, abs_tol=1e-9)
+    assert math.isclose(fast.surprisal, ref.surprisal, rel_tol=1e-9, abs_tol=1e-6)
