@@ -72,6 +72,15 @@ class Reason(IntEnum):
     SURPRISAL = 508
     DISTANCE2 = 509
 
+    # 6xx: node operation (typed errors of the daemon; never the reason of a signed verdict)
+    STORE_LOCKED = 600
+    STORE_MISMATCH = 601
+    CONFLICTING_VERDICT = 602
+    CORRUPTED_ENTRY = 603
+    DEEP_REORG = 604
+    CHAIN_UNAVAILABLE = 605
+    TX_FAILED = 606
+
 
 class VerinferError(Exception):
     """Root of every error verinfer raises on purpose."""

@@ -1,0 +1,174 @@
+"""One LevelDB per node, owned by one process, namespaced by chain id and contract address.
+
+Layout (every key under ``v1/<chain id>/<contract>/``):
+  payload/<commitment>       cached payload bytes, keyed by the on-chain commitment, re-verified on read
+  cursor/<name>              JSON {block, hash}: how far a stream has processed
+  verdict/<inference id>     JSON of the verdict signed for it (slashing protection)
+  tx/<nonce:020d>            JSON of a signed raw transaction and its state (the journal)
+and ``meta/identity`` = the chain id and contract this database belongs to (another is refused).
+LevelDB's own LOCK file makes a second open fail: that is the single-instance lock. Slashing
+records and journal entries are written with ``sync=True`` before anything leaves the process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import plyvel
+
+from node.errors import FatalError, Reason
+
+log = logging.getLogger(__name__)
+IDENTITY_KEY = b"meta/identity"
+
+
+class StoreLocked(FatalError):
+    """Another process owns this database."""
+
+
+class StoreMismatch(FatalError):
+    """The database belongs to another chain or contract."""
+
+
+class ConflictingVerdict(FatalError):
+    """Signing would contradict a verdict this node already signed for the inference."""
+
+
+@dataclass(frozen=True)
+class VerdictRecord:
+    """What this node signed (or is about to sign) for one inference."""
+
+    inference_id: int
+    artifact_root: str  # 0x-hex
+    valid: bool
+    reason: int
+    scores_digest: str  # 0x-hex
+    deadline: int
+
+    def same_decision(self, other: VerdictRecord) -> bool:
+        """Check whether two records say the same thing (the deadline may differ)."""
+        return (self.inference_id, self.artifact_root, self.valid, self.reason, self.scores_digest) == (
+            other.inference_id, other.artifact_root, other.valid, other.reason, other.scores_digest)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A processed position in the chain."""
+
+    block: int
+    block_hash: str
+
+
+class Store:
+    """The node's database; use as a context manager or close()."""
+
+    def __init__(self, path: Path, chain_id: int, contract: str) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = plyvel.DB(str(path), create_if_missing=True)
+        except plyvel.IOError as exc:
+            raise StoreLocked(f"{path} is in use by another process ({exc})", Reason.STORE_LOCKED) from exc
+        identity = json.dumps({"chain_id": chain_id, "contract": contract.lower()}).encode()
+        existing = self._db.get(IDENTITY_KEY)
+        if existing is None:
+            self._db.put(IDENTITY_KEY, identity, sync=True)
+        elif existing != identity:
+            self._db.close()
+            raise StoreMismatch(f"{path} belongs to {existing.decode()}, not chain {chain_id} / {contract}",
+                                Reason.STORE_MISMATCH)
+        self._ns = self._db.prefixed_db(f"v1/{chain_id}/{contract.lower()}/".encode())
+
+    def close(self) -> None:
+        """Close the database (releases the lock)."""
+        if not self._db.closed:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- payload cache ---------------------------------------------------------------------
+
+    def put_payload(self, commitment: bytes, payload: bytes) -> None:
+        """Cache a payload that was checked against its on-chain commitment."""
+        self._ns.put(b"payload/" + commitment, payload)
+
+    def get_payload(self, commitment: bytes, is_valid: Callable[[bytes], bool]) -> bytes | None:
+        """Return a cached payload if it still verifies; a corrupted entry is deleted and None returned."""
+        raw = self._ns.get(b"payload/" + commitment)
+        if raw is None:
+            return None
+        if not is_valid(raw):
+            log.warning("corrupted cache entry dropped", extra={"commitment": commitment.hex()})
+            self._ns.delete(b"payload/" + commitment, sync=True)
+            return None
+        return bytes(raw)
+
+    # ---- cursors ------------------------------------------------------------------------------
+
+    def get_cursor(self, name: str) -> Cursor | None:
+        """Return a stream's cursor."""
+        raw = self._ns.get(b"cursor/" + name.encode())
+        return None if raw is None else Cursor(**json.loads(raw))
+
+    def set_cursor(self, name: str, cursor: Cursor) -> None:
+        """Persist a stream's cursor."""
+        self._ns.put(b"cursor/" + name.encode(), json.dumps(asdict(cursor)).encode(), sync=True)
+
+    # ---- slashing protection -----------------------------------------------------------------
+
+    def get_verdict(self, inference_id: int) -> VerdictRecord | None:
+        """Return the verdict recorded for an inference."""
+        raw = self._ns.get(_verdict_key(inference_id))
+        return None if raw is None else VerdictRecord(**json.loads(raw))
+
+    def record_verdict(self, record: VerdictRecord) -> VerdictRecord:
+        """Check and record a verdict before signing it; return the record to sign.
+
+        A first verdict is written (synced); the same decision again returns the stored record
+        (re-signing it gives the same signature); a different decision raises ConflictingVerdict.
+        """
+        existing = self.get_verdict(record.inference_id)
+        if existing is not None:
+            if existing.same_decision(record):
+                return existing
+            raise ConflictingVerdict(f"inference {record.inference_id}: already signed {existing}, refusing {record}",
+                                     Reason.CONFLICTING_VERDICT)
+        with self._ns.write_batch(sync=True) as batch:
+            batch.put(_verdict_key(record.inference_id), json.dumps(asdict(record)).encode())
+        return record
+
+    def verdicts(self) -> Iterator[VerdictRecord]:
+        """Yield every recorded verdict."""
+        for _, raw in self._ns.iterator(prefix=b"verdict/"):
+            yield VerdictRecord(**json.loads(raw))
+
+    # ---- transaction journal -------------------------------------------------------------------
+
+    def journal_put(self, nonce: int, entry: dict[str, Any]) -> None:
+        """Persist (synced) a journal entry for a nonce."""
+        self._ns.put(_tx_key(nonce), json.dumps(entry).encode(), sync=True)
+
+    def journal_get(self, nonce: int) -> dict[str, Any] | None:
+        """Return the journal entry of a nonce."""
+        raw = self._ns.get(_tx_key(nonce))
+        return None if raw is None else dict(json.loads(raw))
+
+    def journal_entries(self) -> list[dict[str, Any]]:
+        """Return every journal entry, by nonce."""
+        return [dict(json.loads(raw)) for _, raw in self._ns.iterator(prefix=b"tx/")]
+
+
+def _verdict_key(inference_id: int) -> bytes:
+    return b"verdict/" + inference_id.to_bytes(32, "big")
+
+
+def _tx_key(nonce: int) -> bytes:
+    return f"tx/{nonce:020d}".encode()
