@@ -170,14 +170,15 @@ def _error_table(path: Path = ARTIFACT) -> dict[bytes, tuple[str, list[str]]]:
              keccak(text="Panic(uint256)")[:4]: ("Panic", ["uint256"])}
     for item in load_artifact(path)["abi"]:
         if item["type"] == "error":
-            types = [_abi_type(i) for i in item["inputs"]]
+            types = [abi_type(i) for i in item["inputs"]]
             table[keccak(text=f"{item['name']}({','.join(types)})")[:4]] = (item["name"], types)
     return table
 
 
-def _abi_type(item: dict[str, Any]) -> str:
+def abi_type(item: dict[str, Any]) -> str:
+    """Return the canonical ABI type of a parameter (tuples spelled out)."""
     if item["type"].startswith("tuple"):
-        return "(" + ",".join(_abi_type(c) for c in item["components"]) + ")" + str(item["type"])[5:]
+        return "(" + ",".join(abi_type(c) for c in item["components"]) + ")" + str(item["type"])[5:]
     return str(item["type"])
 
 

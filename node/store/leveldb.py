@@ -2,7 +2,7 @@
 
 Layout (every key under ``v1/<chain id>/<contract>/``):
   payload/<commitment>       cached payload bytes, keyed by the on-chain commitment, re-verified on read
-  cursor/<name>              JSON {block, hash}: how far a stream has processed
+  cursor/<name>              JSON [[block, hash], …]: the blocks a stream processed last (reorg detection)
   verdict/<inference id>     JSON of the verdict signed for it (slashing protection)
   tx/<nonce:020d>            JSON of a signed raw transaction and its state (the journal)
 and ``meta/identity`` = the chain id and contract this database belongs to (another is refused).
@@ -56,14 +56,6 @@ class VerdictRecord:
             other.inference_id, other.artifact_root, other.valid, other.reason, other.scores_digest)
 
 
-@dataclass(frozen=True)
-class Cursor:
-    """A processed position in the chain."""
-
-    block: int
-    block_hash: str
-
-
 class Store:
     """The node's database; use as a context manager or close()."""
 
@@ -113,14 +105,18 @@ class Store:
 
     # ---- cursors ------------------------------------------------------------------------------
 
-    def get_cursor(self, name: str) -> Cursor | None:
-        """Return a stream's cursor."""
+    def get_cursor(self, name: str) -> list[tuple[int, str]]:
+        """Return a stream's recently processed blocks [(number, hash), …], oldest first."""
         raw = self._ns.get(b"cursor/" + name.encode())
-        return None if raw is None else Cursor(**json.loads(raw))
+        return [] if raw is None else [(int(n), str(h)) for n, h in json.loads(raw)]
 
-    def set_cursor(self, name: str, cursor: Cursor) -> None:
-        """Persist a stream's cursor."""
-        self._ns.put(b"cursor/" + name.encode(), json.dumps(asdict(cursor)).encode(), sync=True)
+    def set_cursor(self, name: str, blocks: list[tuple[int, str]]) -> None:
+        """Persist a stream's recently processed blocks (synced)."""
+        self._ns.put(b"cursor/" + name.encode(), json.dumps(blocks).encode(), sync=True)
+
+    def cursor(self, name: str) -> StoreCursor:
+        """Return a chain.events.CursorStore backed by this database."""
+        return StoreCursor(self, name)
 
     # ---- slashing protection -----------------------------------------------------------------
 
@@ -164,6 +160,22 @@ class Store:
     def journal_entries(self) -> list[dict[str, Any]]:
         """Return every journal entry, by nonce."""
         return [dict(json.loads(raw)) for _, raw in self._ns.iterator(prefix=b"tx/")]
+
+
+@dataclass(frozen=True)
+class StoreCursor:
+    """One named stream's cursor in the store (satisfies chain.events.CursorStore)."""
+
+    store: Store
+    name: str
+
+    def load(self) -> list[tuple[int, str]]:
+        """Return the processed blocks."""
+        return self.store.get_cursor(self.name)
+
+    def save(self, blocks: list[tuple[int, str]]) -> None:
+        """Persist the processed blocks."""
+        self.store.set_cursor(self.name, blocks)
 
 
 def _verdict_key(inference_id: int) -> bytes:

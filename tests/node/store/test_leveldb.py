@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from node.store.leveldb import ConflictingVerdict, Cursor, Store, StoreLocked, StoreMismatch, VerdictRecord
+from node.store.leveldb import ConflictingVerdict, Store, StoreLocked, StoreMismatch, VerdictRecord
 
 CONTRACT = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 
@@ -47,10 +47,11 @@ def test_cached_payloads_are_reverified_on_read(tmp_path: Path) -> None:
 
 def test_cursors_survive_a_restart(tmp_path: Path) -> None:
     with Store(tmp_path, 31337, CONTRACT) as store:
-        assert store.get_cursor("events") is None
-        store.set_cursor("events", Cursor(12, "0x" + "ee" * 32))
+        assert store.cursor("events").load() == []
+        store.cursor("events").save([(11, "0x" + "dd" * 32), (12, "0x" + "ee" * 32)])
     with Store(tmp_path, 31337, CONTRACT) as store:
-        assert store.get_cursor("events") == Cursor(12, "0x" + "ee" * 32)
+        assert store.cursor("events").load() == [(11, "0x" + "dd" * 32), (12, "0x" + "ee" * 32)]
+        assert store.cursor("other").load() == []
 
 
 def test_slashing_protection_allows_identical_and_refuses_conflicting(tmp_path: Path) -> None:
