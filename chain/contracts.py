@@ -243,7 +243,7 @@ class Hub:
         try:
             return getattr(self.contract.functions, name)(*args).call()
         except Exception as exc:  # translated below
-            raise _translate(exc) from exc
+            raise translate_error(exc) from exc
 
     def transact(self, account: LocalAccount, name: str, *args: Any, value: int = 0) -> TxReceipt:
         """Sign and send a transaction to a contract function and wait for its receipt."""
@@ -355,13 +355,14 @@ def send(w3: Web3, account: LocalAccount, fn: Any, value: int = 0, timeout: floa
         tx_hash = w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
         receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=timeout)
     except Exception as exc:  # translated below
-        raise _translate(exc) from exc
+        raise translate_error(exc) from exc
     if receipt["status"] != 1:
         raise ContractReverted("Reverted", (), receipt["transactionHash"].hex())
     return receipt
 
 
-def _translate(exc: BaseException) -> ChainError:
+def translate_error(exc: BaseException) -> ChainError:
+    """Return the chain error a web3 or provider exception stands for."""
     if isinstance(exc, ChainError):
         return exc
     revert = revert_from_exception(exc)
