@@ -97,6 +97,15 @@ class Params:
     max_tokens: int
 
 
+def params_from_event(value: Any) -> Params:
+    """Return Params from a decoded event or call value (web3 gives a struct as a mapping, sometimes a tuple)."""
+    if hasattr(value, "keys"):
+        return Params(int(value["temperatureBits"]), int(value["topPBits"]), int(value["topK"]),
+                      int(value["maxTokens"]))
+    t, p, k, m = value
+    return Params(int(t), int(p), int(k), int(m))
+
+
 @dataclass(frozen=True)
 class Commitment:
     """What an operator commits for an inference."""

@@ -74,6 +74,7 @@ class TxManager:
     journal: TxJournal
     confirmations: int = 1
     bump: float = 1.125
+    gas_margin: float = 1.5
     max_fee_cap: int = 500 * 10**9
 
     def next_nonce(self) -> int:
@@ -87,6 +88,9 @@ class TxManager:
         try:
             nonce = self.next_nonce()
             tx = fn.build_transaction({"from": self.account.address, "value": value, "nonce": nonce})
+            # the estimate holds for today's state; a transaction mined after another one (a second
+            # vote that now completes a quorum) may need more: leave headroom, unused gas is refunded
+            tx["gas"] = int(int(tx["gas"]) * self.gas_margin) + 30_000
         except Exception as exc:
             raise translate_error(exc) from exc
         signed = self.account.sign_transaction(tx)

@@ -14,7 +14,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.checks.fingerprint import FingerprintDecision, FingerprintThresholds, decide_fingerprint
 from node.engines.base import Engine, Generation, GenerationRequest
@@ -29,6 +29,9 @@ from node.protocol.fingerprint import (
 )
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
+
+if TYPE_CHECKING:
+    from node.executer.chain_mode import ChainGate
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,9 @@ class ExecuterService:
     """Generates verifiable inferences with one engine and keeps their payloads."""
 
     def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
-                 thresholds: FingerprintThresholds, keep: int = 10_000) -> None:
+                 thresholds: FingerprintThresholds, keep: int = 10_000, gate: ChainGate | None = None) -> None:
         self.files = files
+        self.gate = gate  # on a chain: requests checked against it, results committed to it
         self.tokenizer = tokenizer
         self.engine = engine
         self.thresholds = thresholds
@@ -98,6 +102,8 @@ class ExecuterService:
     def infer(self, prompt_ids: Sequence[int], prompt_hash: bytes, params: SamplingParams,
               user_seed: int | None, inference_id: int | None, request: dict[str, Any]) -> ServedInference:
         """Generate one inference and record its artifact and fingerprint."""
+        if self.gate is not None:
+            self.gate.authorize(inference_id, prompt_hash, user_seed, params)
         seed = secrets.randbits(64) if user_seed is None else user_seed
         iid = derive_inference_id(prompt_hash, seed, params) if inference_id is None else inference_id
         rs = run_seed(seed, iid)
@@ -108,6 +114,8 @@ class ExecuterService:
         artifact = Artifact(header, gen.positions(self.k))
         served = ServedInference(iid, seed, prompt_hash, request, gen, artifact, encode_artifact_wire(artifact),
                                  build_fingerprint(gen.hidden, len(prompt_ids)))
+        if self.gate is not None:
+            self.gate.commit(served, artifact.root)
         self._remember(served)
         log.info("inference served", extra={"inference_id": hex(iid), "tokens": len(gen.output_ids),
                                             "artifact_root": artifact.root.hex()})

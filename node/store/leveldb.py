@@ -5,6 +5,7 @@ Layout (every key under ``v1/<chain id>/<contract>/``):
   cursor/<name>              JSON [[block, hash], …]: the blocks a stream processed last (reorg detection)
   verdict/<inference id>     JSON of the verdict signed for it (slashing protection)
   tx/<nonce:020d>            JSON of a signed raw transaction and its state (the journal)
+  record/<kind>/<id>         JSON facts the node keeps about inferences (e.g. the request, before its commit)
 and ``meta/identity`` = the chain id and contract this database belongs to (another is refused).
 LevelDB's own LOCK file makes a second open fail: that is the single-instance lock. Slashing
 records and journal entries are written with ``sync=True`` before anything leaves the process.
@@ -146,6 +147,17 @@ class Store:
         for _, raw in self._ns.iterator(prefix=b"verdict/"):
             yield VerdictRecord(**json.loads(raw))
 
+    # ---- records ------------------------------------------------------------------------------
+
+    def put_record(self, kind: str, key: int, value: dict[str, Any]) -> None:
+        """Persist (synced) a JSON record."""
+        self._ns.put(_record_key(kind, key), json.dumps(value).encode(), sync=True)
+
+    def get_record(self, kind: str, key: int) -> dict[str, Any] | None:
+        """Return a JSON record."""
+        raw = self._ns.get(_record_key(kind, key))
+        return None if raw is None else dict(json.loads(raw))
+
     # ---- transaction journal -------------------------------------------------------------------
 
     def journal_put(self, nonce: int, entry: dict[str, Any]) -> None:
@@ -180,6 +192,10 @@ class StoreCursor:
 
 def _verdict_key(inference_id: int) -> bytes:
     return b"verdict/" + inference_id.to_bytes(32, "big")
+
+
+def _record_key(kind: str, key: int) -> bytes:
+    return f"record/{kind}/".encode() + key.to_bytes(32, "big")
 
 
 def _tx_key(nonce: int) -> bytes:

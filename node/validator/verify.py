@@ -19,8 +19,8 @@ from node.engines.tokenizer import ModelTokenizer
 from node.errors import InvalidArtifact, InvalidInput, Reason
 from node.executer.api import InferencePayload
 from node.protocol.artifact import Artifact, compute_output_hash, decode_artifact_wire
-from node.protocol.fingerprint import decode_fingerprint_base64, verify_fingerprint
-from node.protocol.prompt import normalise_messages
+from node.protocol.fingerprint import compute_fingerprint_hash, decode_fingerprint_base64, verify_fingerprint
+from node.protocol.prompt import compute_prompt_hash, normalise_messages
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,50 @@ def decode_payload_artifact(payload: InferencePayload) -> Artifact:
     return decode_artifact_wire(wire)
 
 
+@dataclass(frozen=True)
+class ChainFacts:
+    """What the chain recorded for an inference (the daemon's view; `verinfer verify` has none)."""
+
+    inference_id: int
+    user_seed: int
+    model_id: bytes
+    temperature_bits: int
+    top_p_bits: int
+    top_k: int
+    max_tokens: int
+    prompt_hash: bytes
+    output_hash: bytes
+    artifact_root: bytes
+    fingerprint_hash: bytes
+
+
+def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reason:
+    """Return why a fetched payload is not the committed one (it must not be cached), or Reason.OK."""
+    try:
+        art = decode_payload_artifact(payload)
+        proofs = decode_fingerprint_base64(payload.verification_proofs)
+        request = payload.request
+        messages = request.get("messages")
+        prompt_hash = compute_prompt_hash(facts.model_id, messages=messages) if messages is not None else \
+            compute_prompt_hash(facts.model_id, prompt=str(request.get("prompt")))
+    except (InvalidInput, TypeError, ValueError) as exc:
+        return exc.reason if isinstance(exc, InvalidInput) else Reason.WIRE_MALFORMED
+    if int(payload.inference_id) != facts.inference_id:
+        return Reason.SEED_MISMATCH
+    if art.root != facts.artifact_root:
+        return Reason.ARTIFACT_ROOT_MISMATCH
+    if compute_output_hash(art.positions.chosen) != facts.output_hash:
+        return Reason.OUTPUT_HASH_MISMATCH
+    if compute_fingerprint_hash(proofs) != facts.fingerprint_hash:
+        return Reason.FINGERPRINT_MALFORMED
+    if prompt_hash != facts.prompt_hash:
+        return Reason.PROMPT_MISMATCH
+    return Reason.OK
+
+
 def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
-                   thresholds: Stage2Thresholds) -> VerificationReport:
-    """Return the verification report of one payload on the claimed model."""
+                   thresholds: Stage2Thresholds, facts: ChainFacts | None = None) -> VerificationReport:
+    """Return the verification report of one payload on the claimed model (against the chain's facts if given)."""
     try:
         art = decode_payload_artifact(payload)
         prompt_ids = tokenise_request(tokenizer, payload.request)
@@ -70,9 +111,15 @@ def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: Mode
     except InvalidInput as exc:
         return VerificationReport(exc.reason, None, None, None)
     h = art.header
-    onchain = OnchainInference(int(payload.inference_id), int(payload.user_seed), files.model_id, h.temperature_bits,
-                               h.top_p_bits, h.top_k, h.max_tokens, files.spec.k, files.spec.vocab_size,
-                               compute_output_hash(art.positions.chosen), art.root, prompt_ids)
+    if facts is None:  # no chain: the payload's own declarations stand in for the request and commitments
+        onchain = OnchainInference(int(payload.inference_id), int(payload.user_seed), files.model_id,
+                                   h.temperature_bits, h.top_p_bits, h.top_k, h.max_tokens, files.spec.k,
+                                   files.spec.vocab_size, compute_output_hash(art.positions.chosen), art.root,
+                                   prompt_ids)
+    else:
+        onchain = OnchainInference(facts.inference_id, facts.user_seed, facts.model_id, facts.temperature_bits,
+                                   facts.top_p_bits, facts.top_k, facts.max_tokens, files.spec.k,
+                                   files.spec.vocab_size, facts.output_hash, facts.artifact_root, prompt_ids)
     stage1 = sequence_check(h, art.positions, onchain)
     if not stage1.valid:
         return VerificationReport(stage1.reason, stage1, None, None)

@@ -1,0 +1,93 @@
+"""Cheating engines for end-to-end tests and the devnet: each claims the real model and is not it.
+
+They implement the Engine interface, so a cheating operator is an ordinary executer with one of
+these inside. The attacks are the calibration's (node.calibrate.runs) in engine form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from node.calibrate.runs import forge_leaf
+from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest, Prefill
+from node.protocol.sampler import sample_position
+from node.protocol.seed import compute_sampler_uniforms
+
+
+@dataclass
+class PrefillAttackEngine:
+    """Text from a cheap engine; leaves and hidden states from one prefill of the real model.
+
+    The leaves are forged so that stage 1 passes with the cheap tokens chosen (the harder variant):
+    only stage 2 can tell.
+    """
+
+    cheap: Engine
+    real: Engine
+
+    @property
+    def info(self) -> EngineInfo:
+        """Claim to be the real engine."""
+        return self.real.info
+
+    @property
+    def vocab_size(self) -> int:
+        """Return the real model's vocabulary size."""
+        return self.real.vocab_size
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate with the cheap engine, then dress the text in the real model's leaves."""
+        out = []
+        for request, cheap in zip(requests, self.cheap.generate(requests), strict=True):
+            pre = self.real.prefill(request.prompt_ids, cheap.output_ids)
+            v = compute_sampler_uniforms(request.run_seed, len(cheap.output_ids))
+            samples = tuple(forge_leaf(sample_position(pre.logits[i], request.params, request.k, int(v[i])), token,
+                                       int(v[i]), request.k) for i, token in enumerate(cheap.output_ids))
+            out.append(Generation(cheap.output_ids, samples, pre.hidden, cheap.finish_reason))
+        return out
+
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Prefill with the real model."""
+        return self.real.prefill(prompt_ids, output_ids)
+
+
+@dataclass
+class ForgedChoiceEngine:
+    """An honest generation whose chosen token at one position is swapped for another candidate afterwards.
+
+    The leaf is not re-forged, so stage 1 fails at that position: a fraud proof can slash it on chain.
+    """
+
+    honest: Engine
+    position: int = 1
+
+    @property
+    def info(self) -> EngineInfo:
+        """Claim the honest engine's identity."""
+        return self.honest.info
+
+    @property
+    def vocab_size(self) -> int:
+        """Return the vocabulary size."""
+        return self.honest.vocab_size
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate honestly, then change one chosen token."""
+        out = []
+        for gen in self.honest.generate(requests):
+            if len(gen.samples) <= self.position:
+                out.append(gen)
+                continue
+            s = gen.samples[self.position]
+            other = next(t for t in s.token_ids if t != s.chosen)
+            samples = list(gen.samples)
+            samples[self.position] = replace(s, chosen=other)
+            ids = list(gen.output_ids)
+            ids[self.position] = other
+            out.append(Generation(tuple(ids), tuple(samples), gen.hidden, gen.finish_reason))
+        return out
+
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Prefill honestly."""
+        return self.honest.prefill(prompt_ids, output_ids)

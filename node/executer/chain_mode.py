@@ -1,0 +1,83 @@
+"""Executer mode on a chain: serve only inferences requested from this operator, commit each on chain.
+
+Before generating, the request must match what the chain recorded for its inference id (operator,
+model, user seed, prompt hash, sampling params); after generating, the commitment is sent through
+the transaction manager (journaled first) and confirmed before the response leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from chain.contracts import Hub, Params, Status, params_from_event
+from chain.errors import ChainError
+from chain.txmanager import TxManager
+from node.errors import InvalidInput, Reason, RecoverableError
+from node.protocol.sampler import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class Served(Protocol):
+    """What the gate needs of a served inference."""
+
+    @property
+    def inference_id(self) -> int:
+        """Return the inference id."""
+
+    @property
+    def output_hash(self) -> bytes:
+        """Return outputHash."""
+
+    @property
+    def fingerprint_hash(self) -> bytes:
+        """Return fingerprintHash."""
+
+
+@dataclass
+class ChainGate:
+    """Checks requests against the chain and commits results for one operator and model."""
+
+    hub: Hub
+    txm: TxManager
+    model_id: bytes
+
+    def authorize(self, inference_id: int | None, prompt_hash: bytes, user_seed: int | None,
+                  params: SamplingParams) -> None:
+        """Raise InvalidInput unless the chain holds exactly this request for this operator, still open."""
+        if inference_id is None or user_seed is None:
+            raise InvalidInput("on-chain mode needs inference_id and seed", Reason.SEED_MISMATCH)
+        try:
+            inf = self.hub.get_inference(inference_id)
+            logs = self.hub.contract.events.InferenceRequested().get_logs(
+                from_block=0, argument_filters={"inferenceId": inference_id})
+        except ChainError as exc:
+            raise RecoverableError(f"chain unavailable: {exc}", Reason.CHAIN_UNAVAILABLE) from exc
+        if inf.status is not Status.REQUESTED or not logs:
+            raise InvalidInput(f"inference {inference_id} is {inf.status.name.lower()}", Reason.SEED_MISMATCH)
+        args = logs[0]["args"]
+        checks = (
+            (inf.operator == self.txm.account.address, Reason.SEED_MISMATCH, "another operator's inference"),
+            (bytes(inf.model_id) == self.model_id, Reason.MODEL_MISMATCH, "another model"),
+            (inf.user_seed == user_seed, Reason.SEED_MISMATCH, "another user seed"),
+            (bytes(args["promptHash"]) == prompt_hash, Reason.PROMPT_MISMATCH, "another prompt"),
+            (params_from_event(args["params"]) == Params(params.temperature_bits, params.top_p_bits, params.top_k,
+                                                         params.max_tokens),
+             Reason.PARAMS_MISMATCH, "other sampling params"),
+        )
+        for ok, reason, what in checks:
+            if not ok:
+                raise InvalidInput(f"inference {inference_id} was requested with {what}", reason)
+
+    def commit(self, served: Served, artifact_root: bytes) -> None:
+        """Commit output hash, artifact root and fingerprint hash, and wait until mined."""
+        fn = self.hub.contract.functions.commitInference(served.inference_id, served.output_hash, artifact_root,
+                                                         served.fingerprint_hash)
+        try:
+            entry = self.txm.send(fn, purpose=f"commit {served.inference_id}")
+            self.txm.confirm(entry["nonce"])
+        except ChainError as exc:
+            raise RecoverableError(f"commit of {served.inference_id} failed: {exc}", Reason.TX_FAILED) from exc
+        log.info("inference committed", extra={"inference_id": served.inference_id})

@@ -1,0 +1,52 @@
+"""The validator's configuration: a TOML file overlaid by VERINFER_* environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class ValidatorConfig(BaseSettings):
+    """Everything `verinfer validator run` needs."""
+
+    model_config = SettingsConfigDict(env_prefix="VERINFER_", env_nested_delimiter="__", extra="forbid")
+
+    rpc_url: str = "http://127.0.0.1:8545"
+    ws_url: str | None = None
+    chain_id: int
+    contract: str
+    start_block: int = 0
+    data_dir: Path = Path("data/validator")
+    keystore: Path
+    password_file: Path | None = None
+    models: list[str] = Field(default_factory=lambda: ["smollm2-135m-instruct"])
+    executers: dict[str, str] = Field(default_factory=dict, description="operator address -> executer base URL")
+    confirmations: int = Field(2, ge=0)
+    safety_window: int = Field(64, ge=4)
+    poll_interval: float = Field(1.0, gt=0)
+    fetch_timeout: float = Field(10.0, gt=0)
+    fetch_retries: int = Field(5, ge=1)
+    verdict_ttl: int = Field(3600, gt=0, description="seconds a signed verdict stays valid")
+    recent_blocks_guard: int = Field(64, ge=0, description="blocks scanned at start for verdicts of another instance")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Environment variables win over the TOML file's values (passed as init arguments)."""
+        return env_settings, init_settings
+
+
+def load_config(path: Path | None, **overrides: Any) -> ValidatorConfig:
+    """Return the config from a TOML file (optional) with environment variables and overrides on top."""
+    values: dict[str, Any] = tomllib.loads(path.read_text()) if path else {}
+    values.update(overrides)
+    return ValidatorConfig(**values)

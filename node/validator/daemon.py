@@ -1,0 +1,371 @@
+"""The validator daemon: one composition root, one asyncio service per duty.
+
+  events   confirmed contract logs (chain.events) → requests remembered, commits queued
+  verify   am I in the committee → fetch the payload → hash checks against the commitment →
+           stage 1 → stage 2 (the engine in a worker thread, so the loop stays responsive)
+  submit   slashing protection record (synced) → EIP-712 signature → journaled transaction → confirm;
+           a stage-1 failure is also proven on chain from its leaf (fraud proof: slashes at once)
+  http     /metrics (Prometheus) and /health
+Nothing is signed before its record is stored, and nothing is sent before its bytes are journaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from eth_account.signers.local import LocalAccount
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from web3 import Web3
+
+from chain.contracts import Commitment, Hub, Status, Vote, params_from_event
+from chain.eip712 import Verdict, sign_verdict
+from chain.errors import ChainError, ContractReverted
+from chain.events import ChainEvent, DeepReorg, EventStream, Reorg
+from chain.txmanager import TxFailed, TxManager
+from node.checks.decision import Stage2Thresholds
+from node.engines.base import Engine
+from node.engines.models import ModelFiles
+from node.engines.tokenizer import ModelTokenizer
+from node.errors import FatalError, Reason, RecoverableError
+from node.executer.api import InferencePayload
+from node.protocol.artifact import compute_leaf_proof, encode_header, encode_leaf
+from node.protocol.hashing import keccak256
+from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
+from node.validator.config import ValidatorConfig
+from node.validator.verify import ChainFacts, decode_payload_artifact, find_payload_mismatch, verify_payload
+
+log = logging.getLogger(__name__)
+MAX_PAYLOAD = 32 * 2**20
+
+
+@dataclass
+class ModelSlot:
+    """One served model: its files, tokenizer, engine and calibrated thresholds (one user at a time)."""
+
+    files: ModelFiles
+    tokenizer: ModelTokenizer
+    engine: Engine
+    thresholds: Stage2Thresholds
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Metrics:
+    """The daemon's Prometheus metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.events = Counter("verinfer_events_total", "Confirmed contract events handled", ["event"],
+                              registry=self.registry)
+        self.verdicts = Counter("verinfer_verdicts_total", "Verdicts signed", ["valid"], registry=self.registry)
+        self.skipped = Counter("verinfer_skipped_total", "Committed inferences not ours to check", ["why"],
+                               registry=self.registry)
+        self.fetch_failures = Counter("verinfer_payload_rejected_total", "Payloads rejected or unavailable",
+                                      ["reason"], registry=self.registry)
+        self.verify_seconds = Histogram("verinfer_verify_seconds", "Stage 1 + stage 2 time per inference",
+                                        registry=self.registry)
+        self.healthy = Gauge("verinfer_healthy", "1 while the node may sign", registry=self.registry)
+        self.queue = Gauge("verinfer_queue_depth", "Work waiting", ["queue"], registry=self.registry)
+
+
+@dataclass(frozen=True)
+class FraudProof:
+    """One artifact leaf that breaks the stage-1 rule, with what the contract needs to check it."""
+
+    header_hash: bytes
+    leaf: bytes
+    proof: list[bytes]
+    position: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """A committed inference to check."""
+
+    facts: ChainFacts
+    operator: str
+
+
+class ValidatorNode:
+    """The composition root of `verinfer validator run`."""
+
+    def __init__(self, config: ValidatorConfig, account: LocalAccount, hub: Hub, store: Store,
+                 models: dict[bytes, ModelSlot], clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.account = account
+        self.hub = hub
+        self.store = store
+        self.models = models
+        self.clock = clock
+        self.metrics = Metrics()
+        self.txm = TxManager(hub.w3, account, store, confirmations=1)
+        self.stream = EventStream(hub.w3, hub.contract, store.cursor("events"), start_block=config.start_block,
+                                  confirmations=config.confirmations, safety_window=config.safety_window)
+        self.jobs: asyncio.Queue[Job] = asyncio.Queue()
+        self.verdicts: asyncio.Queue[tuple[Job, VerdictRecord, FraudProof | None]] = asyncio.Queue()
+        self.healthy = True
+        self.done: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) submitted, for tests and logs
+
+    # ---- start-up checks ------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Refuse to start on the wrong chain or contract, or while another instance signs with this key."""
+        chain_id = int(self.hub.w3.eth.chain_id)
+        if chain_id != self.config.chain_id:
+            raise FatalError(f"RPC is chain {chain_id}, config says {self.config.chain_id}", Reason.STORE_MISMATCH)
+        if not self.hub.w3.eth.get_code(self.hub.address):
+            raise FatalError(f"no contract at {self.hub.address}", Reason.STORE_MISMATCH)
+        head = int(self.hub.w3.eth.block_number)
+        since = max(head - self.config.recent_blocks_guard, 0)
+        mine = self.hub.contract.events.VerdictRecorded().get_logs(
+            from_block=since, to_block=head, argument_filters={"validator": self.account.address})
+        unknown = [int(e["args"]["inferenceId"]) for e in mine
+                   if self.store.get_verdict(int(e["args"]["inferenceId"])) is None]
+        if unknown:
+            raise FatalError(f"{self.account.address} sent verdicts this store did not record ({unknown[:5]}): "
+                             "another instance is live", Reason.CONFLICTING_VERDICT)
+        self.txm.resume()  # journaled transactions from before a restart: the same bytes again
+
+    # ---- services -------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run every duty until `stop` is set; a fatal error stops them all."""
+        self.preflight()
+        self.metrics.healthy.set(1)
+        runner = await self._start_http()
+        tasks = [asyncio.create_task(self.stream.run(self._on_events, self.config.poll_interval, self.config.ws_url,
+                                                     stop), name="events"),
+                 asyncio.create_task(self._verify_loop(stop), name="verify"),
+                 asyncio.create_task(self._submit_loop(stop), name="submit")]
+        try:
+            done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await runner.cleanup()
+
+    async def _on_events(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
+        if reorg is not None:
+            log.warning("chain reorganised", extra={"ancestor": reorg.ancestor, "depth": reorg.depth})
+        for e in events:
+            self.metrics.events.labels(e.name).inc()
+            args = e.args
+            if e.name == "InferenceRequested":
+                p = params_from_event(args["params"])
+                self.store.put_record("request", int(args["inferenceId"]), {
+                    "user_seed": int(args["userSeed"]), "model_id": Web3.to_hex(args["modelId"]),
+                    "prompt_hash": Web3.to_hex(args["promptHash"]), "operator": str(args["operator"]),
+                    "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens]})
+            elif e.name == "InferenceCommitted":
+                job = self._job(int(args["inferenceId"]), args)
+                if job is not None:
+                    await self.jobs.put(job)
+        self.metrics.queue.labels("verify").set(self.jobs.qsize())
+
+    def _job(self, inference_id: int, args: dict[str, Any]) -> Job | None:
+        request = self.store.get_record("request", inference_id)
+        if request is None:
+            self.metrics.skipped.labels("request-not-seen").inc()
+            return None
+        t, p, k, m = request["params"]
+        facts = ChainFacts(inference_id, request["user_seed"], bytes.fromhex(request["model_id"][2:]), t, p, k, m,
+                           bytes.fromhex(request["prompt_hash"][2:]), bytes(args["outputHash"]),
+                           bytes(args["artifactRoot"]), bytes(args["fingerprintHash"]))
+        return Job(facts, request["operator"])
+
+    async def _verify_loop(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.fetch_timeout)) as session:
+            while not stop.is_set():
+                job = await self.jobs.get()
+                try:
+                    checked = await self._check(session, job)
+                except RecoverableError as exc:
+                    log.warning("check postponed", extra={"inference_id": job.facts.inference_id, "error": str(exc)})
+                    continue
+                if checked is not None:
+                    await self.verdicts.put((job, *checked))
+
+    async def _check(self, session: aiohttp.ClientSession,
+                     job: Job) -> tuple[VerdictRecord, FraudProof | None] | None:
+        facts = job.facts
+        try:
+            checked, committee = await asyncio.to_thread(self.hub.selection_of, facts.inference_id)
+        except ContractReverted as exc:
+            if exc.error == "SelectionNotReady":  # the seed block is not mined yet: look again shortly
+                asyncio.get_running_loop().call_later(self.config.poll_interval, self.jobs.put_nowait, job)
+                return None
+            self.metrics.skipped.labels(exc.error).inc()
+            log.info("no selection", extra={"inference_id": facts.inference_id, "error": str(exc)})
+            return None
+        except ChainError as exc:
+            self.metrics.skipped.labels("selection-unavailable").inc()
+            log.info("no selection", extra={"inference_id": facts.inference_id, "error": str(exc)})
+            return None
+        if not checked or self.account.address not in committee:
+            self.metrics.skipped.labels("not-in-committee" if checked else "not-checked").inc()
+            return None
+        slot = self.models.get(facts.model_id)
+        if slot is None:
+            self.metrics.skipped.labels("model-not-served").inc()
+            return None
+        payload, reason = await self._fetch(session, job)
+        started = time.perf_counter()
+        fraud = None
+        if payload is None:
+            valid, scores = False, keccak256(b"payload-unavailable")
+        else:
+            report = await asyncio.to_thread(self._verify_locked, slot, payload, facts)
+            reason = report.reason
+            valid = report.valid
+            scores = report.decision.scores_digest if report.decision else keccak256(reason.name.encode())
+            if report.stage1 is not None and report.stage1.position is not None and not report.stage1.valid:
+                fraud = build_fraud_proof(payload, report.stage1.position)
+        self.metrics.verify_seconds.observe(time.perf_counter() - started)
+        record = VerdictRecord(facts.inference_id, Web3.to_hex(facts.artifact_root), valid, int(reason),
+                               Web3.to_hex(scores), int(self.clock()) + self.config.verdict_ttl)
+        return record, fraud
+
+    def _verify_locked(self, slot: ModelSlot, payload: InferencePayload, facts: ChainFacts) -> Any:
+        with slot.lock:
+            return verify_payload(payload, slot.files, slot.tokenizer, slot.engine, slot.thresholds, facts)
+
+    async def _fetch(self, session: aiohttp.ClientSession, job: Job) -> tuple[InferencePayload | None, Reason]:
+        """Return the committed payload (from the cache or the executer), or None and why after the retries."""
+        commitment = keccak256(job.facts.artifact_root + job.facts.output_hash + job.facts.fingerprint_hash)
+
+        def is_committed(raw: bytes) -> bool:
+            try:
+                return find_payload_mismatch(InferencePayload.model_validate_json(raw), job.facts) is Reason.OK
+            except ValueError:
+                return False
+
+        cached = self.store.get_payload(commitment, is_committed)
+        if cached is not None:
+            return InferencePayload.model_validate_json(cached), Reason.OK
+        url = self.config.executers.get(job.operator) or self.config.executers.get(job.operator.lower())
+        reason = Reason.ARTIFACT_ROOT_MISMATCH
+        if url is None:
+            self.metrics.fetch_failures.labels("no-endpoint").inc()
+            return None, reason
+        for attempt in range(self.config.fetch_retries):
+            try:
+                async with session.get(f"{url}/v1/payloads/{job.facts.inference_id}") as response:
+                    raw = await response.content.read(MAX_PAYLOAD + 1)
+                    if response.status == 200 and len(raw) <= MAX_PAYLOAD:
+                        payload = InferencePayload.model_validate_json(raw)
+                        reason = find_payload_mismatch(payload, job.facts)
+                        if reason is Reason.OK:
+                            self.store.put_payload(commitment, raw)
+                            return payload, reason
+                        self.metrics.fetch_failures.labels(reason.name).inc()
+                    else:
+                        self.metrics.fetch_failures.labels(f"http-{response.status}").inc()
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                self.metrics.fetch_failures.labels(type(exc).__name__).inc()
+            await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        return None, reason
+
+    async def _submit_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            job, record, fraud = await self.verdicts.get()
+            try:
+                await asyncio.to_thread(self._sign_and_submit, job, record)
+                if fraud is not None:
+                    await asyncio.to_thread(self._prove_fraud, job, fraud)
+            except ConflictingVerdict:
+                self.healthy = False
+                self.metrics.healthy.set(0)
+                raise
+            except ContractReverted as exc:  # decided already, window over, not a member any more
+                log.info("verdict not taken", extra={"inference_id": record.inference_id, "error": exc.error})
+            except ChainError as exc:
+                log.warning("verdict submission failed: %s", exc,
+                            extra={"inference_id": record.inference_id, "error": str(exc)})
+
+    def _sign_and_submit(self, job: Job, record: VerdictRecord) -> None:
+        if not self.healthy or not self.stream.healthy:
+            raise FatalError("not healthy: refusing to sign", Reason.DEEP_REORG)
+        stored = self.store.record_verdict(record)  # synced before the signature exists
+        verdict = Verdict(stored.inference_id, bytes.fromhex(stored.artifact_root[2:]), stored.valid, stored.reason,
+                          bytes.fromhex(stored.scores_digest[2:]), stored.deadline)
+        signature = sign_verdict(self.account, verdict, self.config.chain_id, self.hub.address)
+        vote = Vote(verdict.valid, verdict.reason, verdict.scores_digest, verdict.deadline, signature)
+        facts = job.facts
+        commitment = Commitment(facts.output_hash, facts.artifact_root, facts.fingerprint_hash)
+        fn = self.hub.contract.functions.submitVerdicts(facts.inference_id, commitment.as_tuple(), [vote.as_tuple()])
+        for attempt in range(3):  # a vote mined after the state moved can fail; the same signed vote again
+            entry = self.txm.send(fn, purpose=f"verdict {facts.inference_id}")
+            try:
+                self.txm.confirm(entry["nonce"])
+                break
+            except TxFailed:
+                if attempt == 2 or self.hub.get_inference(facts.inference_id).status is not Status.COMMITTED:
+                    raise
+        self.metrics.verdicts.labels(str(verdict.valid).lower()).inc()
+        self.done.append((facts.inference_id, verdict.valid, verdict.reason))
+        log.info("verdict submitted", extra={"inference_id": facts.inference_id, "valid": verdict.valid,
+                                             "reason": Reason(verdict.reason).name})
+
+    def _prove_fraud(self, job: Job, fraud: FraudProof) -> None:
+        facts = job.facts
+        commitment = Commitment(facts.output_hash, facts.artifact_root, facts.fingerprint_hash)
+        fn = self.hub.contract.functions.proveFraud(facts.inference_id, commitment.as_tuple(), fraud.header_hash,
+                                                    fraud.leaf, fraud.proof)
+        try:
+            fn.estimate_gas({"from": self.account.address})  # someone may have proven it already
+        except Exception as exc:  # a revert here means there is nothing (left) to prove
+            log.info("fraud proof not needed", extra={"inference_id": facts.inference_id, "error": str(exc)})
+            return
+        entry = self.txm.send(fn, purpose=f"fraud proof {facts.inference_id}")
+        try:
+            self.txm.confirm(entry["nonce"])
+        except TxFailed:
+            if self.hub.get_inference(facts.inference_id).status is Status.FRAUD:  # another prover was first
+                log.info("fraud already proven by another prover", extra={"inference_id": facts.inference_id})
+                return
+            raise
+        log.warning("fraud proven: inference %d, position %d", facts.inference_id, fraud.position)
+
+    # ---- http -----------------------------------------------------------------------------------
+
+    async def _start_http(self) -> web.AppRunner:
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
+
+        async def health(_: web.Request) -> web.Response:
+            ok = self.healthy and self.stream.healthy
+            blocks = self.store.cursor("events").load()
+            body = {"healthy": ok, "address": self.account.address, "queue": self.jobs.qsize(),
+                    "cursor": blocks[-1][0] if blocks else None}
+            return web.json_response(body, status=200 if ok else 503)
+
+        app = web.Application()
+        app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port)
+        await site.start()
+        return runner
+
+
+def build_fraud_proof(payload: InferencePayload, position: int) -> FraudProof:
+    """Return the fraud proof of the leaf at `position` of a payload's artifact."""
+    art = decode_payload_artifact(payload)
+    return FraudProof(keccak256(encode_header(art.header)), encode_leaf(art.positions, position),
+                      compute_leaf_proof(art, position), position)
+
+
+__all__ = ["DeepReorg", "Job", "Metrics", "ModelSlot", "ValidatorNode"]
