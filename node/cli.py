@@ -18,7 +18,10 @@ app.add_typer(protocol_app, name="protocol")
 executer_app = typer.Typer(help="Executer mode: serve a model with verifiable artifacts.", no_args_is_help=True)
 app.add_typer(executer_app, name="executer")
 from node.cli_chain import chain_app, models_app, stake_app  # noqa: E402 - sub-apps after the root app
+from node.cli_node import keys_app, validator_app  # noqa: E402
 
+app.add_typer(validator_app, name="validator")
+app.add_typer(keys_app, name="keys")
 app.add_typer(chain_app, name="chain")
 app.add_typer(stake_app, name="stake")
 app.add_typer(models_app, name="models")
@@ -182,6 +185,23 @@ def executer_serve(
                   f"model id 0x{service.files.model_id.hex()}")
     web.run_app(create_app(service, str(profile_path), profile.meta.calibrated), host=host, port=port,
                 print=None)
+
+
+@executer_app.command("run")
+def executer_run_command(
+    model: str = typer.Option("smollm2-135m-instruct", help="Registered model name."),
+    rpc: str = typer.Option("http://127.0.0.1:8545", envvar="VERINFER_RPC", help="JSON-RPC endpoint."),
+    contract: str = typer.Option(..., envvar="VERINFER_CONTRACT", help="Verinfer contract address."),
+    keystore: Path = typer.Option(..., help="The operator's keystore v3 file."),
+    password_file: Path = typer.Option(None, help="Password file (default: $VERINFER_KEYSTORE_PASSWORD)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    data_dir: Path = typer.Option(Path("data/executer"), help="LevelDB folder (transaction journal)."),
+) -> None:
+    """Serve on a chain: only inferences requested from this operator, each committed before answering."""
+    from node.cli_node import executer_run
+
+    executer_run(model, rpc, contract, keystore, password_file, host, port, data_dir)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ records and journal entries are written with ``sync=True`` before anything leave
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import plyvel
 
@@ -32,12 +34,31 @@ class StoreLocked(FatalError):
     """Another process owns this database."""
 
 
+class StoreClosed(FatalError):
+    """The store was closed (the node is shutting down); a late worker thread must not write."""
+
+
 class StoreMismatch(FatalError):
     """The database belongs to another chain or contract."""
 
 
 class ConflictingVerdict(FatalError):
     """Signing would contradict a verdict this node already signed for the inference."""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _locked(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    """Run a store method under the store's lock (no write can race a close)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -52,9 +73,10 @@ class VerdictRecord:
     deadline: int
 
     def same_decision(self, other: VerdictRecord) -> bool:
-        """Check whether two records say the same thing (the deadline may differ)."""
-        return (self.inference_id, self.artifact_root, self.valid, self.reason, self.scores_digest) == (
-            other.inference_id, other.artifact_root, other.valid, other.reason, other.scores_digest)
+        """Check whether two records decide the same (scores and deadline may differ: a re-run on other
+        threads or hardware can move the scores in their last digits, never the decision)."""
+        return (self.inference_id, self.artifact_root, self.valid, self.reason) == (
+            other.inference_id, other.artifact_root, other.valid, other.reason)
 
 
 class Store:
@@ -75,11 +97,20 @@ class Store:
             raise StoreMismatch(f"{path} belongs to {existing.decode()}, not chain {chain_id} / {contract}",
                                 Reason.STORE_MISMATCH)
         self._ns = self._db.prefixed_db(f"v1/{chain_id}/{contract.lower()}/".encode())
+        self._lock = threading.RLock()
+
+    @property
+    def ns(self) -> Any:
+        """Return the namespaced database, or raise StoreClosed (plyvel crashes on a closed handle)."""
+        if self._db.closed:
+            raise StoreClosed("the store is closed", Reason.STORE_LOCKED)
+        return self._ns
 
     def close(self) -> None:
-        """Close the database (releases the lock)."""
-        if not self._db.closed:
-            self._db.close()
+        """Close the database (releases the lock); waits for an operation in progress."""
+        with self._lock:
+            if not self._db.closed:
+                self._db.close()
 
     def __enter__(self) -> Store:
         return self
@@ -89,31 +120,35 @@ class Store:
 
     # ---- payload cache ---------------------------------------------------------------------
 
+    @_locked
     def put_payload(self, commitment: bytes, payload: bytes) -> None:
         """Cache a payload that was checked against its on-chain commitment."""
-        self._ns.put(b"payload/" + commitment, payload)
+        self.ns.put(b"payload/" + commitment, payload)
 
+    @_locked
     def get_payload(self, commitment: bytes, is_valid: Callable[[bytes], bool]) -> bytes | None:
         """Return a cached payload if it still verifies; a corrupted entry is deleted and None returned."""
-        raw = self._ns.get(b"payload/" + commitment)
+        raw = self.ns.get(b"payload/" + commitment)
         if raw is None:
             return None
         if not is_valid(raw):
             log.warning("corrupted cache entry dropped", extra={"commitment": commitment.hex()})
-            self._ns.delete(b"payload/" + commitment, sync=True)
+            self.ns.delete(b"payload/" + commitment, sync=True)
             return None
         return bytes(raw)
 
     # ---- cursors ------------------------------------------------------------------------------
 
+    @_locked
     def get_cursor(self, name: str) -> list[tuple[int, str]]:
         """Return a stream's recently processed blocks [(number, hash), …], oldest first."""
-        raw = self._ns.get(b"cursor/" + name.encode())
+        raw = self.ns.get(b"cursor/" + name.encode())
         return [] if raw is None else [(int(n), str(h)) for n, h in json.loads(raw)]
 
+    @_locked
     def set_cursor(self, name: str, blocks: list[tuple[int, str]]) -> None:
         """Persist a stream's recently processed blocks (synced)."""
-        self._ns.put(b"cursor/" + name.encode(), json.dumps(blocks).encode(), sync=True)
+        self.ns.put(b"cursor/" + name.encode(), json.dumps(blocks).encode(), sync=True)
 
     def cursor(self, name: str) -> StoreCursor:
         """Return a chain.events.CursorStore backed by this database."""
@@ -121,16 +156,19 @@ class Store:
 
     # ---- slashing protection -----------------------------------------------------------------
 
+    @_locked
     def get_verdict(self, inference_id: int) -> VerdictRecord | None:
         """Return the verdict recorded for an inference."""
-        raw = self._ns.get(_verdict_key(inference_id))
+        raw = self.ns.get(_verdict_key(inference_id))
         return None if raw is None else VerdictRecord(**json.loads(raw))
 
+    @_locked
     def record_verdict(self, record: VerdictRecord) -> VerdictRecord:
         """Check and record a verdict before signing it; return the record to sign.
 
         A first verdict is written (synced); the same decision again returns the stored record
-        (re-signing it gives the same signature); a different decision raises ConflictingVerdict.
+        (re-signing it gives the same signature); a different decision (validity, reason or artifact
+        root) raises ConflictingVerdict.
         """
         existing = self.get_verdict(record.inference_id)
         if existing is not None:
@@ -138,40 +176,45 @@ class Store:
                 return existing
             raise ConflictingVerdict(f"inference {record.inference_id}: already signed {existing}, refusing {record}",
                                      Reason.CONFLICTING_VERDICT)
-        with self._ns.write_batch(sync=True) as batch:
+        with self.ns.write_batch(sync=True) as batch:
             batch.put(_verdict_key(record.inference_id), json.dumps(asdict(record)).encode())
         return record
 
-    def verdicts(self) -> Iterator[VerdictRecord]:
-        """Yield every recorded verdict."""
-        for _, raw in self._ns.iterator(prefix=b"verdict/"):
-            yield VerdictRecord(**json.loads(raw))
+    @_locked
+    def verdicts(self) -> list[VerdictRecord]:
+        """Return every recorded verdict."""
+        return [VerdictRecord(**json.loads(raw)) for _, raw in self.ns.iterator(prefix=b"verdict/")]
 
     # ---- records ------------------------------------------------------------------------------
 
+    @_locked
     def put_record(self, kind: str, key: int, value: dict[str, Any]) -> None:
         """Persist (synced) a JSON record."""
-        self._ns.put(_record_key(kind, key), json.dumps(value).encode(), sync=True)
+        self.ns.put(_record_key(kind, key), json.dumps(value).encode(), sync=True)
 
+    @_locked
     def get_record(self, kind: str, key: int) -> dict[str, Any] | None:
         """Return a JSON record."""
-        raw = self._ns.get(_record_key(kind, key))
+        raw = self.ns.get(_record_key(kind, key))
         return None if raw is None else dict(json.loads(raw))
 
     # ---- transaction journal -------------------------------------------------------------------
 
+    @_locked
     def journal_put(self, nonce: int, entry: dict[str, Any]) -> None:
         """Persist (synced) a journal entry for a nonce."""
-        self._ns.put(_tx_key(nonce), json.dumps(entry).encode(), sync=True)
+        self.ns.put(_tx_key(nonce), json.dumps(entry).encode(), sync=True)
 
+    @_locked
     def journal_get(self, nonce: int) -> dict[str, Any] | None:
         """Return the journal entry of a nonce."""
-        raw = self._ns.get(_tx_key(nonce))
+        raw = self.ns.get(_tx_key(nonce))
         return None if raw is None else dict(json.loads(raw))
 
+    @_locked
     def journal_entries(self) -> list[dict[str, Any]]:
         """Return every journal entry, by nonce."""
-        return [dict(json.loads(raw)) for _, raw in self._ns.iterator(prefix=b"tx/")]
+        return [dict(json.loads(raw)) for _, raw in self.ns.iterator(prefix=b"tx/")]
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,9 @@ def test_slashing_protection_allows_identical_and_refuses_conflicting(tmp_path: 
         assert again == first  # the stored record is re-signed: the same signature
         with pytest.raises(ConflictingVerdict):
             store.record_verdict(record(False))
+        assert store.record_verdict(record(True, scores="0x02")) == first  # scores may move, the decision not
         with pytest.raises(ConflictingVerdict):
-            store.record_verdict(record(True, scores="0x02"))
+            store.record_verdict(VerdictRecord(7, "0x" + "cd" * 32, True, 0, "0x01", 100))  # another artifact
     with Store(tmp_path, 31337, CONTRACT) as store:  # synced: still there after a restart
         assert store.get_verdict(7) == first
         with pytest.raises(ConflictingVerdict):
@@ -83,3 +84,15 @@ def test_journal_entries_are_ordered_by_nonce(tmp_path: Path) -> None:
             store.journal_put(nonce, {"nonce": nonce, "raw": "0x00"})
         assert [e["nonce"] for e in store.journal_entries()] == [2, 7, 10]
         assert store.journal_get(7) == {"nonce": 7, "raw": "0x00"}
+
+
+def test_a_closed_store_raises_instead_of_crashing(tmp_path: Path) -> None:
+    from node.store.leveldb import StoreClosed
+
+    store = Store(tmp_path, 31337, CONTRACT)
+    cursor = store.cursor("events")
+    store.close()
+    with pytest.raises(StoreClosed):  # a late worker thread after shutdown: typed, not a segfault
+        cursor.save([(1, "0x00")])
+    with pytest.raises(StoreClosed):
+        store.get_verdict(1)

@@ -1,0 +1,128 @@
+"""`verinfer validator run`, `verinfer executer run` (on a chain) and `verinfer keys new|import`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from node.errors import VerinferError
+
+console = Console(soft_wrap=True)
+validator_app = typer.Typer(help="Validator mode: watch the chain, verify, sign, submit.", no_args_is_help=True)
+keys_app = typer.Typer(help="Encrypted keystores (Ethereum keystore v3).", no_args_is_help=True)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+@keys_app.command("new")
+def keys_new(out: Path = typer.Option(..., help="Keystore file to create."),
+             password_file: Path = typer.Option(None, help="File whose first line is the password "
+                                                "(default: $VERINFER_KEYSTORE_PASSWORD).")) -> None:
+    """Create a new key in an encrypted keystore file and print its address."""
+    from node.keys import create_keystore, read_password
+
+    console.print(create_keystore(out, read_password(password_file)))
+
+
+@keys_app.command("import")
+def keys_import(out: Path = typer.Option(..., help="Keystore file to create."),
+                key_env: str = typer.Option("VERINFER_PRIVATE_KEY", help="Environment variable with the hex key."),
+                password_file: Path = typer.Option(None, help="Password file (default: $VERINFER_KEYSTORE_PASSWORD).")
+                ) -> None:
+    """Encrypt an existing private key (from an environment variable, never an argument) into a keystore."""
+    import os
+
+    from node.keys import read_password, write_keystore
+
+    key = os.environ.get(key_env, "")
+    if not key:
+        raise typer.BadParameter(f"set {key_env}")
+    console.print(write_keystore(out, bytes.fromhex(key.removeprefix("0x")), read_password(password_file)))
+
+
+def _run_until_signal(main: object) -> None:
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)  # type: ignore[operator]
+
+    try:
+        asyncio.run(runner())
+    except VerinferError as exc:
+        console.print(f"[red]{type(exc).__name__} ({exc.reason.name}): {exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
+@validator_app.command("run")
+def validator_run(config: Path = typer.Option(..., help="Validator TOML (see config/validator.example.toml).")) -> None:
+    """Run the validator daemon until SIGINT/SIGTERM."""
+    from web3 import Web3
+
+    from chain.contracts import Hub
+    from node.engines.models import get_model_spec, materialise_model
+    from node.engines.tokenizer import ModelTokenizer
+    from node.engines.transformers_engine import TransformersEngine, TransformersOptions
+    from node.keys import read_password, unlock_keystore
+    from node.profiles import load_profile
+    from node.store.leveldb import Store
+    from node.validator.config import load_config
+    from node.validator.daemon import ModelSlot, ValidatorNode
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    cfg = load_config(config)
+    account = unlock_keystore(cfg.keystore, read_password(cfg.password_file))
+    slots = {}
+    for name in cfg.models:
+        spec = get_model_spec(name)
+        files = materialise_model(spec)
+        _, profile = load_profile(spec)
+        slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat),
+                                          TransformersEngine(files.path, name, TransformersOptions()),
+                                          profile.stage2_thresholds())
+    hub = Hub(Web3(Web3.HTTPProvider(cfg.rpc_url)), cfg.contract)
+
+    async def main(stop: asyncio.Event) -> None:
+        with Store(cfg.data_dir, cfg.chain_id, cfg.contract) as store:
+            node = ValidatorNode(cfg, account, hub, store, slots)
+            console.print(f"validator {account.address} on chain {cfg.chain_id}, contract {cfg.contract}; "
+                          f"metrics http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
+            await node.run(stop)
+
+    _run_until_signal(main)
+
+
+def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,
+                 port: int, data_dir: Path) -> None:
+    """Serve the API on a chain: requests are checked against it, results committed to it."""
+    from aiohttp import web
+    from web3 import Web3
+
+    from chain.contracts import Hub
+    from chain.txmanager import TxManager
+    from node.executer.bootstrap import ExecuterSettings, load_executer
+    from node.executer.chain_mode import ChainGate
+    from node.executer.server import create_app
+    from node.keys import read_password, unlock_keystore
+    from node.store.leveldb import Store
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    account = unlock_keystore(keystore, read_password(password_file))
+    w3 = Web3(Web3.HTTPProvider(rpc))
+    hub = Hub(w3, contract)
+    service, profile_path, profile = load_executer(ExecuterSettings(model))
+    store = Store(data_dir, int(w3.eth.chain_id), contract)
+    txm = TxManager(w3, account, store)
+    txm.resume()  # commits journaled before a restart go out again, byte for byte
+    service.gate = ChainGate(hub, txm, service.files.model_id)
+    console.print(f"executer {account.address} serving {model} on http://{host}:{port}/v1 for contract {contract}")
+    try:
+        web.run_app(create_app(service, str(profile_path), profile.meta.calibrated), host=host, port=port,
+                    print=None)
+    finally:
+        store.close()

@@ -1,0 +1,146 @@
+"""A small real network for daemon tests: anvil, the contract, the tiny model, one executer, one validator."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from chain.contracts import Hub, HubConfig, ModelState, Params, Role, Status
+from chain.deploy import deploy
+from chain.devnet import Anvil, dev_account
+from chain.txmanager import MemoryJournal, TxManager
+from node.checks.decision import Stage2Thresholds
+from node.executer.chain_mode import ChainGate
+from node.executer.server import create_app
+from node.executer.service import ExecuterService
+from node.profiles import load_profile
+from node.protocol.prompt import compute_prompt_hash, normalise_messages
+from node.protocol.sampler import SamplingParams
+from node.store.leveldb import Store
+from node.validator.config import ValidatorConfig
+from node.validator.daemon import ModelSlot, ValidatorNode
+
+TOKENS = 8
+PARAMS = SamplingParams(0.8, 1.0, 0, TOKENS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Harness:
+    anvil: Anvil
+    hub: Hub
+    model_id: bytes
+    operator: Any
+    executer_url: str
+    node: ValidatorNode
+    store: Store
+    tamper: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | None]
+    session: aiohttp.ClientSession
+    requester: Any
+    seed: int = 0
+    task: asyncio.Task | None = None
+
+    async def infer(self, prompt: str = "Say hello.") -> int:
+        """Request on chain, have the executer generate and commit; return the inference id."""
+        messages = normalise_messages([{"role": "user", "content": prompt}])
+        self.seed += 1
+        iid = await asyncio.to_thread(self.hub.request_inference, self.requester, self.operator.address,
+                                      self.model_id, compute_prompt_hash(self.model_id, messages=messages), self.seed,
+                                      Params(PARAMS.temperature_bits, PARAMS.top_p_bits, 0, TOKENS), 10**15)
+        body = {"model": "tiny-llama", "messages": messages, "temperature": 0.8, "max_tokens": TOKENS,
+                "seed": self.seed, "inference_id": iid}
+        async with self.session.post(f"{self.executer_url}/v1/chat/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+        return iid
+
+    async def settled(self, iid: int, timeout: float = 60.0) -> Status:
+        """Wait until the inference leaves Committed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if self.task is not None and self.task.done():
+                raise AssertionError(f"the validator stopped: {self.task.exception()!r}")
+            status = (await asyncio.to_thread(self.hub.get_inference, iid)).status
+            if status is not Status.COMMITTED:
+                return status
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"inference {iid} not settled")
+
+
+def tiny_thresholds(tiny) -> Stage2Thresholds:
+    """Stage-2 thresholds for the tiny model (uncalibrated: honest runs of one engine measure ~0)."""
+    _, profile = load_profile(tiny.files.spec)
+    return Stage2Thresholds(max_weight_error=1e-4, max_sampler_margin=1e-4, max_logprob_distance=1e-3,
+                            max_candidate_mismatch_rate=0.0, max_surprisal_z=10.0, max_distance2=1e-3,
+                            fingerprint=profile.fingerprint_thresholds())
+
+
+@asynccontextmanager
+async def harness(tiny, tmp_path: Path, **config: Any) -> AsyncIterator[Harness]:
+    """Start everything; yield; stop everything."""
+    with Anvil(block_time=0.5) as anvil:
+        w3 = anvil.web3()
+        admin, requester, operator, validator = (dev_account(i) for i in (0, 1, 2, 3))
+        hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(9).address, committee_size=1))
+        model_id = tiny.files.model_id
+        hub.register_model(admin, model_id, tiny.files.spec.k, tiny.files.spec.vocab_size, 10**16, 0, 10**18,
+                           b"\x00" * 32)
+        hub.advance_model_to(admin, model_id, ModelState.VERIFYING)
+        hub.bond(operator, Role.OPERATOR, 10 * 10**18)
+        hub.bond(validator, Role.VALIDATOR, 5 * 10**18)
+        _, profile = load_profile(tiny.files.spec)
+        gate = ChainGate(Hub(w3, hub.address), TxManager(w3, operator, MemoryJournal()), model_id)
+        service = ExecuterService(tiny.files, tiny.tokenizer, tiny.engine, profile.fingerprint_thresholds(), gate=gate)
+        tamper: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | None] = {"payload": None}
+
+        @web.middleware
+        async def tampering(request: web.Request, handler: Any) -> web.StreamResponse:
+            response = await handler(request)
+            change = tamper["payload"]
+            if change is not None and request.path.startswith("/v1/payloads/"):
+                body = change(__import__("json").loads(response.body))
+                return web.json_response(body)
+            return response
+
+        app = create_app(service, "profile", False)
+        app.middlewares.append(tampering)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        values = dict(chain_id=31337, contract=hub.address, keystore=Path("unused"), start_block=deployment.block,
+                      executers={operator.address: url}, confirmations=1, poll_interval=0.2,
+                      metrics_port=free_port(), fetch_retries=2, fetch_timeout=5.0)
+        values.update(config)
+        store = Store(tmp_path / "validator", 31337, hub.address)
+        slot = ModelSlot(tiny.files, tiny.tokenizer, tiny.engine, tiny_thresholds(tiny))
+        node = ValidatorNode(ValidatorConfig(**values), validator, Hub(anvil.web3(), hub.address), store,
+                             {model_id: slot})
+        async with aiohttp.ClientSession() as session:
+            try:
+                yield Harness(anvil, hub, model_id, operator, url, node, store, tamper, session, requester)
+            finally:
+                await runner.cleanup()
+                store.close()
+
+
+def corrupt_artifact(payload: dict[str, Any]) -> dict[str, Any]:
+    """Flip one byte of the artifact's wire bytes (a malformed or different artifact)."""
+    wire = bytearray(base64.b64decode(payload["artifact"]))
+    wire[len(wire) // 2] ^= 0xFF
+    return {**payload, "artifact": base64.b64encode(bytes(wire)).decode()}
