@@ -13,7 +13,6 @@ records and journal entries are written with ``sync=True`` before anything leave
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -53,11 +52,11 @@ R = TypeVar("R")
 def _locked(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
     """Run a store method under the store's lock (no write can race a close)."""
 
-    @functools.wraps(method)
-    def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self._lock:
-            return method(self, *args, **kwargs)
+    def wrapper(store: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with store._lock:
+            return method(store, *args, **kwargs)
 
+    wrapper.__doc__, wrapper.__name__ = method.__doc__, method.__name__
     return wrapper
 
 
