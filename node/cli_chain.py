@@ -96,31 +96,22 @@ def stake_bond(role: str = typer.Option(..., help="operator or validator"),
     _show(hub, account.address)
 
 
-@stake_app.command("unbond")
-def stake_unbond(rpc: str = RPC, contract: str = CONTRACT, deployment: Path = DEPLOYMENT,
-                 key_env: str = KEY_ENV) -> None:
-    """Start unbonding (stake stays slashable until withdrawn)."""
-    hub, account = connect(rpc, contract, deployment), load_account(key_env)
-    _run(lambda: hub.request_unbond(account))
-    _show(hub, account.address)
+def _register_account_action(name: str, method: str, doc: str) -> None:
+    """Add `verinfer stake <name>`: one account-signed call without arguments, then the record."""
 
-
-@stake_app.command("withdraw")
-def stake_withdraw(rpc: str = RPC, contract: str = CONTRACT, deployment: Path = DEPLOYMENT,
-                   key_env: str = KEY_ENV) -> None:
-    """Withdraw the stake after the unbonding delay."""
-    hub, account = connect(rpc, contract, deployment), load_account(key_env)
-    _run(lambda: hub.withdraw(account))
-    _show(hub, account.address)
-
-
-@stake_app.command("claim")
-def stake_claim(rpc: str = RPC, contract: str = CONTRACT, deployment: Path = DEPLOYMENT,
+    def command(rpc: str = RPC, contract: str = CONTRACT, deployment: Path = DEPLOYMENT,
                 key_env: str = KEY_ENV) -> None:
-    """Withdraw credited fees, rewards and refunds."""
-    hub, account = connect(rpc, contract, deployment), load_account(key_env)
-    _run(lambda: hub.claim(account))
-    _show(hub, account.address)
+        hub, account = connect(rpc, contract, deployment), load_account(key_env)
+        _run(lambda: getattr(hub, method)(account))
+        _show(hub, account.address)
+
+    command.__doc__ = doc
+    stake_app.command(name)(command)
+
+
+_register_account_action("unbond", "request_unbond", "Start unbonding (stake stays slashable until withdrawn).")
+_register_account_action("withdraw", "withdraw", "Withdraw the stake after the unbonding delay.")
+_register_account_action("claim", "claim", "Withdraw credited fees, rewards and refunds.")
 
 
 @stake_app.command("show")

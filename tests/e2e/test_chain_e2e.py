@@ -8,7 +8,6 @@ inference is checked (min check rate 1), committees of up to two.
 from __future__ import annotations
 
 import asyncio
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from aiohttp import web
 from chain.contracts import Hub, HubConfig, ModelState, Params, Role, Status
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
+from chain.devnet import find_free_port as free_port
 from chain.txmanager import MemoryJournal, TxManager
 from node.calibrate.cheaters import ForgedChoiceEngine, PrefillAttackEngine
 from node.calibrate.models import make_int8_engine
@@ -39,12 +39,6 @@ MODEL = "smollm2-135m-instruct"
 PROMPTS = ["Name three primary colours.", "What is 12 times 7?", "Write a haiku about rain.",
            "Give one tip for learning Python.", "What is the capital of France?"]
 TOKENS = 24
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from aiohttp import web
 from chain.contracts import Hub, HubConfig, ModelState, Params, Role, Status
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
+from chain.devnet import find_free_port as free_port
 from chain.txmanager import MemoryJournal, TxManager
 from node.checks.decision import Stage2Thresholds
 from node.executer.chain_mode import ChainGate
@@ -31,12 +31,6 @@ from node.validator.daemon import ModelSlot, ValidatorNode
 
 TOKENS = 8
 PARAMS = SamplingParams(0.8, 1.0, 0, TOKENS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
