@@ -92,6 +92,28 @@ def calibrate_run(
     console.print(f"ran {ran} specs into {out / runs_file}")
 
 
+@calibrate_app.command("sweep")
+def calibrate_sweep(
+    model: str = typer.Option("smollm2-135m-instruct", help="The claimed model."),
+    out: Path = typer.Option(Path("docs/calibration/smollm2-135m-instruct.float32"), help="Run folder."),
+    runs: int = typer.Option(10, help="Runs per sweep variant."),
+    tokens: int = typer.Option(64, help="Generated tokens per run."),
+) -> None:
+    """Run the sensitivity sweep (smaller lies) into OUT/runs-sweep.jsonl; `calibrate fit` reports it."""
+    from rich.progress import Progress
+
+    from node.calibrate.lab import build_lab
+    from node.calibrate.sweep import run_sweep
+
+    logging.basicConfig(level=logging.WARNING)
+    lab, _ = build_lab(model, tokens, with_gemma=False)
+    with Progress(console=console) as progress:
+        task = progress.add_task("sweep", total=None)
+        ran = run_sweep(lab, out / "runs-sweep.jsonl", runs,
+                        lambda done, total: progress.update(task, completed=done, total=total))
+    console.print(f"ran {ran} sweep runs into {out / 'runs-sweep.jsonl'}")
+
+
 @calibrate_app.command("fit")
 def calibrate_fit(
     model: str = typer.Option("smollm2-135m-instruct", help="The calibrated model."),
@@ -105,9 +127,11 @@ def calibrate_fit(
     from node.calibrate.runs import read_records
     from node.engines.models import REPO_ROOT
 
-    records = [r for path in sorted(runs.glob("runs*.jsonl")) for r in read_records(path)]
+    records = [r for path in sorted(runs.glob("runs*.jsonl")) if path.name != "runs-sweep.jsonl"
+               for r in read_records(path)]
     folder = report or runs
-    thresholds, rates = write_report(records, folder, model, dtype)
+    sweep = read_records(runs / "runs-sweep.jsonl")
+    thresholds, rates = write_report(records, folder, model, dtype, sweep)
     console.print(f"report: {folder / 'report.md'} ({len(records)} records); alpha {rates['alpha']:.4f} "
                   f"(95 % upper {rates['alpha_upper']:.4f}) over {rates['honest_runs']} held-out honest runs")
     if write_profile:

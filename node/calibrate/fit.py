@@ -118,11 +118,21 @@ class Rates:
         return self.rejected / self.n if self.n else float("nan")
 
 
+NO_OP_AT_GREEDY = ("top-p-lie",)  # under T = 0 top_p changes no output: the "lie" is not an attack there
+
+
+def is_no_op(record: dict[str, Any]) -> bool:
+    """Check whether an attack run changed nothing a validator could or should see."""
+    return record["kind"] == "attack" and record["name"] in NO_OP_AT_GREEDY and float(record["temperature"]) == 0.0
+
+
 def held_out_rates(records: list[dict[str, Any]], thresholds: dict[str, float],
                    use_stage1: bool = True) -> dict[str, dict[str, Rates]]:
     """Return rejection counts per group ("honest" or attack name) and length on the held-out half."""
     out: dict[str, dict[str, Rates]] = {}
     for r, length, signals in rows(records, None, False):
+        if is_no_op(r):
+            continue
         group = "honest" if r["kind"] == "honest" else r["name"]
         rates = out.setdefault(group, {}).setdefault(length, Rates())
         why = first_violation(signals, thresholds, use_stage1)

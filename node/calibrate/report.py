@@ -14,6 +14,8 @@ from node.calibrate.fit import (
     Rates,
     choose_thresholds,
     held_out_rates,
+    is_calibration_split,
+    is_no_op,
     rows,
     select_signals,
     upper_bound,
@@ -66,8 +68,27 @@ def write_plots(records: list[dict[str, Any]], thresholds: dict[str, float], fol
     return names
 
 
-def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype: str) -> tuple[dict[str, float],
-                                                                                                 dict[str, Any]]:
+def sweep_lines(sweep: list[dict[str, Any]], threshold: float) -> list[str]:
+    """Return the report's sensitivity-sweep section."""
+    from node.calibrate.sweep import summarise_sweep
+
+    lines = ["", "## Sensitivity sweep: smaller lies", "",
+             f"Declared T = 0.7 (top_p 1, or 0.95 for the top_p row). q = share of positions whose weight error is "
+             f"over the threshold ({threshold:.4g}); tokens for 99.9 % = ln(0.001) / ln(1 − q), assuming independent "
+             "positions; the run-level detection beside it checks that assumption. Rule and runs: "
+             "node/calibrate/sweep.py, runs-sweep.jsonl.", "",
+             "| lie | runs | q (per position) | tokens for 99.9 % | detected at 16 | at 32 | at 64 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in summarise_sweep(sweep, threshold):
+        n = row["runs"]
+        cells = [f"{row['detected'][k]}/{n}" for k in ("16", "32", "64")]
+        tokens = "never" if row["tokens_99_9"] == math.inf else f"{row['tokens_99_9']:.0f}"
+        lines.append(f"| {row['variant']} | {n} | {row['q']:.3f} | {tokens} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype: str,
+                 sweep: list[dict[str, Any]] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
     """Write report.md and PNGs into folder; return the thresholds and the rates for the profile."""
     folder.mkdir(parents=True, exist_ok=True)
     chosen = choose_thresholds(records)
@@ -95,7 +116,11 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     for n, r in honest_n.items():
         if r.n:
             lines.append(f"| {n} | {_fmt_rate(r)} | {100 * upper_bound(r.rejected, r.n):.2f} % |")
+    no_ops = sum(1 for r in records if is_no_op(r) and not is_calibration_split(r["key"]))
     lines += ["", "## Detection per attack (held-out), all checks", "",
+              f"Left out as no-ops: {no_ops} held-out top-p-lie runs at temperature 0, where greedy decoding "
+              "makes top_p irrelevant, so the declared and the used params give the same output (measured: "
+              "weight error 0 in every one).", "",
               "| attack | " + " | ".join(f"{n} tokens" for n in LENGTHS) + " | caught by (64 tokens) |",
               "|---|" + "---:|" * len(LENGTHS) + "---|"]
     for group in sorted(g for g in full if g != "honest"):
@@ -109,6 +134,8 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     for group in ["honest", *sorted(g for g in full if g != "honest")]:
         lines.append(f"| {group} | {_fmt_rate(full[group].get('64'))} | {_fmt_rate(toploc.get(group, {}).get('64'))}"
                      f" | {_fmt_rate(gonka.get(group, {}).get('64'))} |")
+    if sweep:
+        lines += sweep_lines(sweep, thresholds["weight_error_max"])
     plots = write_plots(records, chosen, folder, "64")
     lines += ["", "## Distributions at 64 tokens", ""] + [f"![{p}]({p})" for p in plots]
     (folder / "report.md").write_text("\n".join(lines) + "\n")

@@ -106,7 +106,7 @@ class Lab:
                               params.max_tokens, self.k, seed, prompt_ids, n)
 
 
-def _claim_from_generation(lab: Lab, prompt_ids: tuple[int, ...], params: SamplingParams, seed: bytes,
+def claim_from_generation(lab: Lab, prompt_ids: tuple[int, ...], params: SamplingParams, seed: bytes,
                            gen: Generation) -> Claim:
     return Claim(lab.header(prompt_ids, params, seed, len(gen.output_ids)), gen.positions(lab.k), gen.hidden)
 
@@ -127,7 +127,7 @@ def honest_claims(lab: Lab, spec: RunSpec) -> list[Claim]:
         reqs = [GenerationRequest(ids, p, run_seed(us, iid + shift), lab.k)
                 for shift, (ids, p, us, iid) in enumerate(requests)]
         gens = lab.validator.generate(reqs)
-        return [_claim_from_generation(lab, r.prompt_ids, r.params, r.run_seed, g) for r, g in zip(reqs, gens,
+        return [claim_from_generation(lab, r.prompt_ids, r.params, r.run_seed, g) for r, g in zip(reqs, gens,
                                                                                                strict=True)]
     ids, params, user_seed, iid = lab.request(spec)
     seed = run_seed(user_seed, iid)
@@ -140,7 +140,7 @@ def honest_claims(lab: Lab, spec: RunSpec) -> list[Claim]:
             torch.set_num_threads(before)
     else:
         gen = generate(lab.generators[spec.name], lab, ids, params, seed)
-    return [_claim_from_generation(lab, ids, params, seed, gen)]
+    return [claim_from_generation(lab, ids, params, seed, gen)]
 
 
 HONEST_VARIANTS = ("threads2", "threads1", "nocache", "batch4", "vllm")
@@ -192,13 +192,13 @@ def attack_claim(lab: Lab, spec: RunSpec) -> Claim:
     seed = run_seed(user_seed, iid)
     name = spec.name
     if name in ("other-model-tiny", "int8", "bf16-as-fp32", "weight-noise-1pct", "skip-layer"):
-        return _claim_from_generation(lab, ids, params, seed, generate(lab.generators[name], lab, ids, params, seed))
+        return claim_from_generation(lab, ids, params, seed, generate(lab.generators[name], lab, ids, params, seed))
     if name == "temperature-lie":
         actual = replace(params, temperature=max(params.temperature, 0.7) + 0.1)
-        return _claim_from_generation(lab, ids, params, seed, generate(lab.validator, lab, ids, actual, seed))
+        return claim_from_generation(lab, ids, params, seed, generate(lab.validator, lab, ids, actual, seed))
     if name == "top-p-lie":
         actual = replace(params, top_p=0.9 if params.top_p == 1.0 else 0.95)
-        return _claim_from_generation(lab, ids, params, seed, generate(lab.validator, lab, ids, actual, seed))
+        return claim_from_generation(lab, ids, params, seed, generate(lab.validator, lab, ids, actual, seed))
     if name == "system-prompt-injected":
         injected = lab.tokenizer.encode_chat([{"role": "system", "content": INJECTED_SYSTEM},
                                               {"role": "user", "content": lab.prompts[spec.index % len(lab.prompts)]}])
@@ -224,7 +224,7 @@ def attack_claim(lab: Lab, spec: RunSpec) -> Claim:
         return Claim(lab.header(ids, params, seed, len(tokens)), positions, hidden)
     if name == "swapped-token":
         gen = generate(lab.validator, lab, ids, params, seed)
-        return swap_one_token(lab, _claim_from_generation(lab, ids, params, seed, gen))
+        return swap_one_token(lab, claim_from_generation(lab, ids, params, seed, gen))
     if name == "fingerprint-other-precision":
         gen = generate(lab.validator, lab, ids, params, seed)
         bf16 = lab.generators["bf16-as-fp32"].prefill(ids, gen.output_ids)

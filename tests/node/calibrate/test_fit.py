@@ -103,3 +103,23 @@ def test_profile_round_trips_through_the_loader():
     assert th.max_sampler_margin == math.inf
     assert th.max_weight_error == 0.5 and th.fingerprint.max_exponent_mismatches == 3
     assert math.isclose(tomllib.loads(text)["rates"]["alpha_upper_95"], 0.01)
+
+
+def test_top_p_lies_under_greedy_decoding_are_no_ops_and_not_counted():
+    from node.calibrate.fit import is_no_op
+
+    greedy = {"key": "attack/top-p-lie/0", "kind": "attack", "name": "top-p-lie", "temperature": 0.0,
+              "lengths": {"16": signals()}}
+    assert is_no_op(greedy)
+    assert not is_no_op({**greedy, "temperature": 0.7})
+    assert not is_no_op({**greedy, "name": "temperature-lie"})
+
+
+def test_sweep_tokens_follow_the_geometric_rule():
+    from node.calibrate.sweep import summarise_sweep, tokens_for
+
+    assert tokens_for(0.5) == 10  # 0.5^10 < 0.001 <= 0.5^9
+    assert tokens_for(0.0) == math.inf and tokens_for(1.0) == 1.0
+    rows = [{"name": "noise-1pct", "weight_errors": [0.1, 0.0, 0.1, 0.0] * 16}]
+    row = next(r for r in summarise_sweep(rows, 0.05) if r["variant"] == "noise-1pct")
+    assert row["q"] == 0.5 and row["detected"] == {"16": 1, "32": 1, "64": 1}
