@@ -49,18 +49,26 @@ def compute_scores_digest(m: Stage2Measurements) -> bytes:
     return keccak256(canonical_json(scores))
 
 
+def is_weight_error_only(t: Stage2Thresholds) -> bool:
+    """Check whether a profile decides stage 2 on the weight error alone (the others reported only)."""
+    return all(math.isinf(x) for x in (t.max_sampler_margin, t.max_logprob_distance, t.max_candidate_mismatch_rate,
+                                       t.max_distance2, t.max_surprisal_z))
+
+
 def find_stage2_violation(m: Stage2Measurements, t: Stage2Thresholds) -> Reason:
-    """Return the first signal over its threshold, or Reason.OK."""
+    """Return the first signal over its threshold, or Reason.OK (a decided signal left unmeasured raises)."""
     checks = (
-        (m.weight_error_max > t.max_weight_error, Reason.WEIGHT_ERROR),
-        (m.sampler_margin_max > t.max_sampler_margin, Reason.SAMPLER_MARGIN),
-        (m.logprob_distance_max > t.max_logprob_distance, Reason.LOGPROB_DISTANCE),
-        (m.candidate_mismatch_rate > t.max_candidate_mismatch_rate, Reason.CANDIDATE_MISMATCH),
-        (m.distance2 > t.max_distance2, Reason.DISTANCE2),
-        (m.surprisal_z > t.max_surprisal_z, Reason.SURPRISAL),
+        (m.weight_error_max, t.max_weight_error, Reason.WEIGHT_ERROR),
+        (m.sampler_margin_max, t.max_sampler_margin, Reason.SAMPLER_MARGIN),
+        (m.logprob_distance_max, t.max_logprob_distance, Reason.LOGPROB_DISTANCE),
+        (m.candidate_mismatch_rate, t.max_candidate_mismatch_rate, Reason.CANDIDATE_MISMATCH),
+        (m.distance2, t.max_distance2, Reason.DISTANCE2),
+        (m.surprisal_z, t.max_surprisal_z, Reason.SURPRISAL),
     )
-    for broken, reason in checks:
-        if broken:
+    for value, threshold, reason in checks:
+        if math.isnan(value) and not math.isinf(threshold):
+            raise ValueError(f"{reason.name}: the profile decides on a signal that was not measured")
+        if value > threshold:
             return reason
     return decide_fingerprint(m.fingerprint, t.fingerprint).reason
 

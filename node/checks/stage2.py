@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from node.protocol.artifact import ArtifactHeader, Positions
+from node.protocol.errors import InvalidParams, Reason
 from node.protocol.fingerprint import ChunkMeasurement
 from node.protocol.sampler import (
     WEIGHT_MAX,
@@ -196,6 +197,53 @@ def measure_position_fast(logits: np.ndarray, params: SamplingParams, v: int, ch
         surprisal_variance=max(variance, 0.0),
         raw_nll=float(-own_lp[chosen]),
     )
+
+
+def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: np.ndarray) -> np.ndarray:
+    """Return every position's weight error in a few vectorised passes (the decision path: no sort, no logs).
+
+    Equal to ``measure_position``'s weight error up to the normaliser's summation order (one weight unit);
+    masked params (top-k, top-p) fall back to the per-row partial sorts.
+    """
+    params = header.params
+    n = len(positions)
+    x = np.asarray(logits[:n], dtype=np.float32)
+    if x.shape[0] != n:
+        raise ValueError(f"{x.shape[0]} logits rows for {n} positions")
+    if not np.isfinite(x).all():
+        raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
+    rows = np.arange(n)[:, None]
+    claimed = positions.weights.astype(np.int64)
+    if params.temperature == 0.0:
+        top = np.argmax(x + np.float32(0.0), axis=1)  # first maximum: ties go to the lower id
+        own = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0)
+    elif params.top_k == 0 and params.top_p >= 1.0:
+        z = x / np.float32(params.temperature)
+        if not np.isfinite(z).all():
+            raise InvalidParams(f"logits / {params.temperature} overflow float32", Reason.NON_FINITE_LOGITS)
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        probs = e / e.sum(axis=1, dtype=np.float32, keepdims=True)
+        total = probs.astype(np.float64).sum(axis=1, keepdims=True)
+        p = probs[rows, positions.token_ids].astype(np.float64)
+        own = np.minimum(np.floor(p * float(WEIGHT_ONE) / total), float(WEIGHT_MAX)).astype(np.int64)
+    else:
+        own = np.stack([compute_own_weights(compute_tempered_probs(x[i], params.temperature) + np.float32(0.0),
+                                            params)[0][positions.token_ids[i]] for i in range(n)]) if n else claimed
+    errors: np.ndarray = (np.abs(claimed - own).max(axis=1) / WEIGHT_ONE) if n else np.zeros(0)
+    return errors
+
+
+def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
+                            fingerprint: tuple[ChunkMeasurement, ...] = ()) -> Stage2Measurements:
+    """Return only what a weight-error profile decides on (the rest NaN): the validator's hot path."""
+    errors = measure_weight_errors(header, positions, logits)
+    nan = math.nan
+    return Stage2Measurements(
+        positions=len(positions), distance2=nan, logprob_distance_sum=nan, logprob_distance_max=nan,
+        candidate_mismatch_rate=nan, weight_error_max=float(errors.max()) if errors.size else 0.0,
+        weight_error_mean=float(errors.mean()) if errors.size else 0.0, sampler_margin_max=nan,
+        sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
+        fingerprint=fingerprint)
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,

@@ -240,7 +240,8 @@ class ValidatorNode:
 
     def _verify_locked(self, slot: ModelSlot, payload: InferencePayload, facts: ChainFacts) -> Any:
         with slot.lock:
-            return verify_payload(payload, slot.files, slot.tokenizer, slot.engine, slot.thresholds, facts)
+            return verify_payload(payload, slot.files, slot.tokenizer, slot.engine, slot.thresholds, facts,
+                                  decision_only=True)
 
     async def _fetch(self, session: aiohttp.ClientSession, job: Job) -> tuple[InferencePayload | None, Reason]:
         """Return the committed payload (from the cache or the executer), or None and why after the retries."""

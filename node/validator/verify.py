@@ -10,9 +10,9 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-from node.checks.decision import Stage2Decision, Stage2Thresholds, decide_stage2
+from node.checks.decision import Stage2Decision, Stage2Thresholds, decide_stage2, is_weight_error_only
 from node.checks.stage1 import OnchainInference, SequenceCheckResult, sequence_check
-from node.checks.stage2 import Stage2Measurements, measure_stage2
+from node.checks.stage2 import Stage2Measurements, measure_stage2, measure_stage2_decision
 from node.engines.base import Engine
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
@@ -102,8 +102,13 @@ def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reaso
 
 
 def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
-                   thresholds: Stage2Thresholds, facts: ChainFacts | None = None) -> VerificationReport:
-    """Return the verification report of one payload on the claimed model (against the chain's facts if given)."""
+                   thresholds: Stage2Thresholds, facts: ChainFacts | None = None,
+                   decision_only: bool = False) -> VerificationReport:
+    """Return the verification report of one payload on the claimed model (against the chain's facts if given).
+
+    With `decision_only` (the daemon) and a profile that decides on the weight error alone, only the
+    decided signals are measured; `verinfer verify` measures everything.
+    """
     try:
         art = decode_payload_artifact(payload)
         prompt_ids = tokenise_request(tokenizer, payload.request)
@@ -129,6 +134,7 @@ def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: Mode
         fingerprint = tuple(verify_fingerprint(prefill.hidden, len(prompt_ids), proofs))
     except InvalidInput as exc:
         return VerificationReport(exc.reason, stage1, None, None)
-    measurements = measure_stage2(h, art.positions, prefill.logits, fingerprint)
+    measure = measure_stage2_decision if decision_only and is_weight_error_only(thresholds) else measure_stage2
+    measurements = measure(h, art.positions, prefill.logits, fingerprint)
     decision = decide_stage2(measurements, thresholds)
     return VerificationReport(decision.reason, stage1, measurements, decision)

@@ -112,3 +112,51 @@ def test_fast_position_measurement_equals_the_reference(seed, vocab, scale, ties
     assert abs(fast.sampler_margin - ref.sampler_margin) <= vocab * one
     assert math.isclose(fast.entropy, ref.entropy, rel_tol=1e-9, abs_tol=1e-9)
     assert math.isclose(fast.surprisal, ref.surprisal, rel_tol=1e-9, abs_tol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), vocab=st.sampled_from([7, 300, 5000]), scale=st.sampled_from([0.3, 3.0, 12.0]),
+       ties=st.booleans(), temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_p=st.sampled_from([1.0, 0.9]),
+       top_k=st.sampled_from([0, 3, 40]), n=st.integers(1, 6), noise=st.sampled_from([0.0, 0.05]))
+def test_the_decision_path_measures_the_same_weight_error(seed, vocab, scale, ties, temperature, top_p, top_k, n,
+                                                           noise):
+    from node.checks.stage2 import measure_stage2_decision
+    from node.protocol.artifact import positions_from_samples
+
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((n, vocab)) * scale).astype(np.float32)
+    if ties:
+        logits = np.round(logits).astype(np.float32)
+    params = SamplingParams(temperature, top_p, top_k, 64)
+    k = min(5, vocab)
+    v = compute_sampler_uniforms(b"\x07" * 32, n)
+    claimed = logits + (rng.standard_normal(logits.shape) * noise).astype(np.float32)  # an executer's other numbers
+    samples = [sample_position(claimed[i], params, k, int(v[i])) for i in range(n)]
+    header = ArtifactHeader(b"\x11" * 32, params.temperature_bits, params.top_p_bits, top_k, 64, k, b"\x07" * 32,
+                            (1, 2), n)
+    positions = positions_from_samples(samples, k)
+    full = measure_stage2(header, positions, logits)
+    fast = measure_stage2_decision(header, positions, logits)
+    assert abs(fast.weight_error_max - full.weight_error_max) <= 1 / WEIGHT_ONE
+    assert abs(fast.weight_error_mean - full.weight_error_mean) <= 1 / WEIGHT_ONE
+    assert math.isnan(fast.surprisal_z) and math.isnan(fast.distance2)
+
+
+def test_a_profile_deciding_on_an_unmeasured_signal_is_an_error_not_a_pass():
+    from node.checks.decision import Stage2Thresholds, decide_stage2, is_weight_error_only
+    from node.checks.fingerprint import FingerprintThresholds
+    from node.checks.stage2 import measure_stage2_decision
+    from node.protocol.artifact import positions_from_samples
+
+    logits = np.zeros((1, 8), dtype=np.float32)
+    params = SamplingParams(1.0)
+    samples = [sample_position(logits[0], params, 5, 0)]
+    header = ArtifactHeader(b"\x11" * 32, params.temperature_bits, params.top_p_bits, 0, 64, 5, b"\x07" * 32, (1,), 1)
+    m = measure_stage2_decision(header, positions_from_samples(samples, 5), logits)
+    fp = FingerprintThresholds(1, 1.0, 1.0, 1)
+    only_weight = Stage2Thresholds(1e-3, math.inf, math.inf, math.inf, math.inf, math.inf, fp)
+    assert is_weight_error_only(only_weight) and decide_stage2(m, only_weight).valid
+    with_surprisal = Stage2Thresholds(1e-3, math.inf, math.inf, math.inf, 5.0, math.inf, fp)
+    assert not is_weight_error_only(with_surprisal)
+    with pytest.raises(ValueError, match="not measured"):
+        decide_stage2(m, with_surprisal)
