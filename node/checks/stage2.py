@@ -218,13 +218,14 @@ def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: 
         top = np.argmax(x + np.float32(0.0), axis=1)  # first maximum: ties go to the lower id
         own = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0)
     elif params.top_k == 0 and params.top_p >= 1.0:
-        z = x / np.float32(params.temperature)
+        z = x / np.float32(params.temperature)  # the same float32 steps as compute_tempered_probs, in place
         if not np.isfinite(z).all():
             raise InvalidParams(f"logits / {params.temperature} overflow float32", Reason.NON_FINITE_LOGITS)
-        e = np.exp(z - z.max(axis=1, keepdims=True))
-        probs = e / e.sum(axis=1, dtype=np.float32, keepdims=True)
-        total = probs.astype(np.float64).sum(axis=1, keepdims=True)
-        p = probs[rows, positions.token_ids].astype(np.float64)
+        z -= z.max(axis=1, keepdims=True)
+        np.exp(z, out=z)
+        np.divide(z, z.sum(axis=1, dtype=np.float32, keepdims=True), out=z)
+        total = z.sum(axis=1, dtype=np.float64, keepdims=True)
+        p = z[rows, positions.token_ids].astype(np.float64)
         own = np.minimum(np.floor(p * float(WEIGHT_ONE) / total), float(WEIGHT_MAX)).astype(np.int64)
     else:
         own = np.stack([compute_own_weights(compute_tempered_probs(x[i], params.temperature) + np.float32(0.0),
