@@ -190,6 +190,7 @@ class EventStream:
         backoff = interval
         try:
             while not stop.is_set():
+                wake.clear()  # before polling: a head that arrives during the poll wakes the next one
                 try:
                     events, reorg = await asyncio.to_thread(self.poll)
                     backoff = interval
@@ -198,7 +199,6 @@ class EventStream:
                 except ChainUnavailable as exc:
                     log.warning("rpc unavailable, retrying", extra={"error": str(exc), "in_s": backoff})
                     backoff = min(backoff * 2, 30.0)
-                wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=backoff)
         finally:

@@ -139,3 +139,28 @@ def test_a_restart_resumes_from_the_leveldb_cursor_and_sees_a_reorg_that_happene
         events, notice = restarted.poll()
         assert notice is not None
         assert [e.args["inferenceId"] for e in events] == [again]
+
+
+def test_websocket_new_heads_wake_the_poller(anvil_net: Net, anvil) -> None:
+    s = stream(anvil_net)
+    request(anvil_net)
+    got: list[str] = []
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        async def handle(events, notice) -> None:
+            got.extend(names(events))
+            stop.set()
+
+        # a 60 s poll interval: only a WebSocket wake-up can deliver within the timeout below
+        task = asyncio.create_task(s.run(handle, interval=60.0, ws_url=anvil.ws_url, stop=stop))
+        await asyncio.sleep(1.0)  # first poll done (nothing confirmed yet), subscription up
+        started = loop.time()
+        await asyncio.to_thread(anvil_net.mine, 2)
+        await asyncio.wait_for(task, timeout=20)
+        return loop.time() - started
+
+    elapsed = asyncio.run(scenario())
+    assert got == ["InferenceRequested"] and elapsed < 20
