@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from pathlib import Path
 
@@ -11,11 +10,11 @@ import typer
 from rich.console import Console
 
 from node.errors import VerinferError
+from node.logs import configure_logging
 
 console = Console(soft_wrap=True)
 validator_app = typer.Typer(help="Validator mode: watch the chain, verify, sign, submit.", no_args_is_help=True)
 keys_app = typer.Typer(help="Encrypted keystores (Ethereum keystore v3).", no_args_is_help=True)
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 @keys_app.command("new")
@@ -74,7 +73,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
     from node.validator.config import load_config
     from node.validator.daemon import ModelSlot, ValidatorNode
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging()
     cfg = load_config(config)
     account = unlock_keystore(cfg.keystore, read_password(cfg.password_file))
     slots = {}
@@ -111,7 +110,7 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
     from node.keys import read_password, unlock_keystore
     from node.store.leveldb import Store
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging()
     account = unlock_keystore(keystore, read_password(password_file))
     w3 = Web3(Web3.HTTPProvider(rpc))
     hub = Hub(w3, contract)
