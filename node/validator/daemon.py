@@ -28,7 +28,7 @@ from web3 import Web3
 from chain.contracts import Commitment, Hub, Status, Vote, params_from_event
 from chain.eip712 import Verdict, sign_verdict
 from chain.errors import ChainError, ContractReverted
-from chain.events import ChainEvent, DeepReorg, EventStream, Reorg
+from chain.events import ChainEvent, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
 from node.checks.decision import Stage2Thresholds
 from node.engines.base import Engine
@@ -369,4 +369,4 @@ def build_fraud_proof(payload: InferencePayload, position: int) -> FraudProof:
                       compute_leaf_proof(art, position), position)
 
 
-__all__ = ["DeepReorg", "Job", "Metrics", "ModelSlot", "ValidatorNode"]
+__all__ = ["FraudProof", "Job", "Metrics", "ModelSlot", "ValidatorNode"]
