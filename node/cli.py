@@ -221,11 +221,12 @@ def executer_run_command(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
     data_dir: Path = typer.Option(Path("data/executer"), help="LevelDB folder (transaction journal)."),
+    p2p_listen: str = typer.Option("/ip4/0.0.0.0/tcp/4001", help="libp2p listen address for payloads ('' = off)."),
 ) -> None:
     """Serve on a chain: only inferences requested from this operator, each committed before answering."""
     from node.cli_node import executer_run
 
-    executer_run(model, rpc, contract, keystore, password_file, host, port, data_dir)
+    executer_run(model, rpc, contract, keystore, password_file, host, port, data_dir, p2p_listen or None)
 
 
 if __name__ == "__main__":

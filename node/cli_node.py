@@ -97,7 +97,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
 
 
 def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,
-                 port: int, data_dir: Path) -> None:
+                 port: int, data_dir: Path, p2p_listen: str | None = None) -> None:
     """Serve the API on a chain: requests are checked against it, results committed to it."""
     from aiohttp import web
     from web3 import Web3
@@ -120,8 +120,16 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
     txm.resume()  # commits journaled before a restart go out again, byte for byte
     service.gate = ChainGate(hub, txm, service.files.model_id)
     console.print(f"executer {account.address} serving {model} on http://{host}:{port}/v1 for contract {contract}")
+    p2p = None
+    if p2p_listen:  # validators fetch payloads over libp2p first (HTTP stays as the fallback)
+        from node.p2p.host import P2PHost
+
+        p2p = P2PHost(data_dir / "peer.key", service.payload_json, p2p_listen).start()
+        console.print(f"libp2p payloads at {', '.join(p2p.addrs)} (peer {p2p.peer_id})")
     try:
         web.run_app(create_app(service, str(profile_path), profile.meta.calibrated), host=host, port=port,
                     print=None)
     finally:
+        if p2p is not None:
+            p2p.stop()
         store.close()

@@ -10,7 +10,6 @@ verification-instance mode: one prefill, fingerprint measurements and the profil
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
@@ -25,7 +24,6 @@ from node.executer.api import (
     CompletionRequest,
     ErrorBody,
     FingerprintCheck,
-    InferencePayload,
     VerinferInfo,
 )
 from node.executer.service import ExecuterService, ServedInference
@@ -256,15 +254,10 @@ async def get_artifact(request: web.Request) -> web.Response:
 async def get_payload(request: web.Request) -> web.Response:
     """GET /v1/payloads/{inference_id}: request, artifact and fingerprint of one inference."""
     service = request.app[SERVICE_KEY]
-    served = service.get_served(_parse_int(request.match_info["inference_id"], "inference id"))
-    if served is None:
+    body = service.payload_json(_parse_int(request.match_info["inference_id"], "inference id"))
+    if body is None:
         raise ApiError(404, "unknown inference id", code="not_found")
-    return web.json_response(InferencePayload(
-        model=service.files.spec.name, model_id="0x" + service.files.model_id.hex(),
-        inference_id=str(served.inference_id), user_seed=str(served.user_seed), request=served.request,
-        artifact=base64.b64encode(served.wire).decode("ascii"),
-        verification_proofs=encode_fingerprint_base64(served.fingerprint),
-    ).model_dump())
+    return web.Response(body=body, content_type="application/json")
 
 
 async def health(request: web.Request) -> web.Response:

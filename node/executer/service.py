@@ -8,6 +8,7 @@ store comes with the validator daemon). Verification-instance mode runs one pref
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import secrets
@@ -25,6 +26,7 @@ from node.protocol.fingerprint import (
     ChunkMeasurement,
     build_fingerprint,
     compute_fingerprint_hash,
+    encode_fingerprint_base64,
     verify_fingerprint,
 )
 from node.protocol.sampler import SamplingParams
@@ -141,6 +143,20 @@ class ExecuterService:
     def get_served(self, inference_id: int) -> ServedInference | None:
         """Return a served inference by id, if still kept."""
         return self._served.get(inference_id)
+
+    def payload_json(self, inference_id: int) -> bytes | None:
+        """Return the payload validators fetch (HTTP and libp2p serve the same bytes), if still kept."""
+        from node.executer.api import InferencePayload
+
+        served = self._served.get(inference_id)
+        if served is None:
+            return None
+        return InferencePayload(
+            model=self.files.spec.name, model_id="0x" + self.files.model_id.hex(),
+            inference_id=str(served.inference_id), user_seed=str(served.user_seed), request=served.request,
+            artifact=base64.b64encode(served.wire).decode("ascii"),
+            verification_proofs=encode_fingerprint_base64(served.fingerprint),
+        ).model_dump_json().encode()
 
     def get_by_root(self, root: bytes) -> ServedInference | None:
         """Return a served inference by artifact root, if still kept."""

@@ -24,7 +24,11 @@ class ValidatorConfig(BaseSettings):
     keystore: Path
     password_file: Path | None = None
     models: list[str] = Field(default_factory=lambda: ["smollm2-135m-instruct"])
-    executers: dict[str, str] = Field(default_factory=dict, description="operator address -> executer base URL")
+    executers: dict[str, str] = Field(default_factory=dict, description="operator address -> executer URL (HTTP)")
+    peers: dict[str, str] = Field(default_factory=dict,
+                                  description="address (operator or validator) -> libp2p multiaddr with /p2p/<id>")
+    p2p_listen: str | None = Field("/ip4/127.0.0.1/tcp/0", description="libp2p listen multiaddr; None: off")
+    p2p_key: Path | None = Field(None, description="libp2p peer key file (default: data_dir/peer.key)")
     confirmations: int = Field(2, ge=0)
     safety_window: int = Field(64, ge=4)
     poll_interval: float = Field(1.0, gt=0)

@@ -1,8 +1,9 @@
 """The validator daemon: one composition root, one asyncio service per duty.
 
+  (libp2p) the node's host serves the payloads it cached to other committee members
   events   confirmed contract logs (chain.events) → requests remembered, commits queued
-  verify   am I in the committee → fetch the payload → hash checks against the commitment →
-           stage 1 → stage 2 (the engine in a worker thread, so the loop stays responsive)
+  verify   am I in the committee → fetch the payload (libp2p first, HTTP fallback) → hash checks
+           against the commitment → stage 1 → stage 2 (the engine in a worker thread, so the loop stays responsive)
   submit   slashing protection record (synced) → EIP-712 signature → journaled transaction → confirm;
            a stage-1 failure is also proven on chain from its leaf (fraud proof: slashes at once)
   http     /metrics (Prometheus) and /health
@@ -15,9 +16,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -41,6 +42,9 @@ from node.protocol.hashing import keccak256
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.config import ValidatorConfig
 from node.validator.verify import ChainFacts, decode_payload_artifact, find_payload_mismatch, verify_payload
+
+if TYPE_CHECKING:  # libp2p is the optional `p2p` extra: imported only when the node starts a host
+    from node.p2p.host import P2PHost
 
 log = logging.getLogger(__name__)
 MAX_PAYLOAD = 32 * 2**20
@@ -66,6 +70,8 @@ class Metrics:
                               registry=self.registry)
         self.verdicts = Counter("verinfer_verdicts_total", "Verdicts signed", ["valid"], registry=self.registry)
         self.skipped = Counter("verinfer_skipped_total", "Committed inferences not ours to check", ["why"],
+                               registry=self.registry)
+        self.fetched = Counter("verinfer_payload_fetched_total", "Committed payloads fetched", ["source"],
                                registry=self.registry)
         self.fetch_failures = Counter("verinfer_payload_rejected_total", "Payloads rejected or unavailable",
                                       ["reason"], registry=self.registry)
@@ -111,6 +117,7 @@ class ValidatorNode:
         self.jobs: asyncio.Queue[Job] = asyncio.Queue()
         self.verdicts: asyncio.Queue[tuple[Job, VerdictRecord, FraudProof | None]] = asyncio.Queue()
         self.healthy = True
+        self.p2p: P2PHost | None = None  # started by run() when config.p2p_listen is set
         self.done: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) submitted, for tests and logs
 
     # ---- start-up checks ------------------------------------------------------------------------
@@ -139,6 +146,13 @@ class ValidatorNode:
         """Run every duty until `stop` is set; a fatal error stops them all."""
         self.preflight()
         self.metrics.healthy.set(1)
+        if self.config.p2p_listen:
+            from node.p2p.host import P2PHost
+
+            self.p2p = P2PHost(self.config.p2p_key or self.config.data_dir / "peer.key", self._serve_payload,
+                               self.config.p2p_listen, timeout=self.config.fetch_timeout)
+            await asyncio.to_thread(self.p2p.start)
+            log.info("libp2p listening", extra={"addrs": self.p2p.addrs, "peer_id": self.p2p.peer_id})
         runner = await self._start_http()
         tasks = [asyncio.create_task(self.stream.run(self._on_events, self.config.poll_interval, self.config.ws_url,
                                                      stop), name="events"),
@@ -156,6 +170,8 @@ class ValidatorNode:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await runner.cleanup()
+            if self.p2p is not None:
+                await asyncio.to_thread(self.p2p.stop)
 
     async def _on_events(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
         if reorg is not None:
@@ -244,40 +260,85 @@ class ValidatorNode:
                                   decision_only=True)
 
     async def _fetch(self, session: aiohttp.ClientSession, job: Job) -> tuple[InferencePayload | None, Reason]:
-        """Return the committed payload (from the cache or the executer), or None and why after the retries."""
-        commitment = keccak256(job.facts.artifact_root + job.facts.output_hash + job.facts.fingerprint_hash)
+        """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why after the retries.
+
+        Whatever a source answers is checked against the on-chain commitment before it is cached;
+        a libp2p peer that answers something else is scored down (and dropped under the floor).
+        """
+        facts = job.facts
+        commitment = keccak256(facts.artifact_root + facts.output_hash + facts.fingerprint_hash)
 
         def is_committed(raw: bytes) -> bool:
             try:
-                return find_payload_mismatch(InferencePayload.model_validate_json(raw), job.facts) is Reason.OK
+                return find_payload_mismatch(InferencePayload.model_validate_json(raw), facts) is Reason.OK
             except ValueError:
                 return False
 
         cached = self.store.get_payload(commitment, is_committed)
         if cached is not None:
             return InferencePayload.model_validate_json(cached), Reason.OK
-        url = self.config.executers.get(job.operator) or self.config.executers.get(job.operator.lower())
-        reason = Reason.ARTIFACT_ROOT_MISMATCH
-        if url is None:
+        sources = self._sources(session, job)
+        if not sources:
             self.metrics.fetch_failures.labels("no-endpoint").inc()
-            return None, reason
+        reason = Reason.ARTIFACT_ROOT_MISMATCH
         for attempt in range(self.config.fetch_retries):
-            try:
-                async with session.get(f"{url}/v1/payloads/{job.facts.inference_id}") as response:
-                    raw = await response.content.read(MAX_PAYLOAD + 1)
-                    if response.status == 200 and len(raw) <= MAX_PAYLOAD:
-                        payload = InferencePayload.model_validate_json(raw)
-                        reason = find_payload_mismatch(payload, job.facts)
-                        if reason is Reason.OK:
-                            self.store.put_payload(commitment, raw)
-                            return payload, reason
-                        self.metrics.fetch_failures.labels(reason.name).inc()
-                    else:
-                        self.metrics.fetch_failures.labels(f"http-{response.status}").inc()
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                self.metrics.fetch_failures.labels(type(exc).__name__).inc()
+            for name, fetch, on_bad in sources:
+                try:
+                    raw = await fetch()
+                    payload = InferencePayload.model_validate_json(raw)
+                    reason = find_payload_mismatch(payload, facts)
+                except (RecoverableError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    self.metrics.fetch_failures.labels(f"{name}:{type(exc).__name__}").inc()
+                    continue
+                if reason is Reason.OK:
+                    self.metrics.fetched.labels(name).inc()
+                    self.store.put_payload(commitment, raw)
+                    self.store.put_record("payload", facts.inference_id, {"commitment": commitment.hex()})
+                    return payload, reason
+                self.metrics.fetch_failures.labels(f"{name}:{reason.name}").inc()
+                on_bad()
             await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
         return None, reason
+
+    def _sources(self, session: aiohttp.ClientSession,
+                 job: Job) -> list[tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]]:
+        """Return where to ask for a payload, in order: the operator's libp2p peer, other peers, its HTTP URL."""
+        iid = job.facts.inference_id
+        out: list[tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]] = []
+        if self.p2p is not None:
+            operator_addr = self.config.peers.get(job.operator)
+            addrs = ([operator_addr] if operator_addr else []) + [a for k, a in self.config.peers.items()
+                                                                   if k != job.operator]
+            p2p = self.p2p
+
+            def peer(addr: str) -> tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]:
+                async def fetch() -> bytes:
+                    return await p2p.fetch_payload(addr, iid)
+
+                def bad() -> None:
+                    p2p.score_down(addr)
+
+                return "libp2p", fetch, bad
+
+            out.extend(peer(addr) for addr in addrs)
+        url = self.config.executers.get(job.operator)
+        if url is not None:
+            async def http() -> bytes:
+                async with session.get(f"{url}/v1/payloads/{iid}") as response:
+                    raw = await response.content.read(MAX_PAYLOAD + 1)
+                    if response.status != 200 or len(raw) > MAX_PAYLOAD:
+                        raise ValueError(f"http {response.status}, {len(raw)} bytes")
+                    return bytes(raw)
+
+            out.append(("http", http, lambda: None))
+        return out
+
+    def _serve_payload(self, inference_id: int) -> bytes | None:
+        """Return a cached, committed payload for another node (called from the libp2p thread)."""
+        record = self.store.get_record("payload", inference_id)
+        if record is None:
+            return None
+        return self.store.get_payload(bytes.fromhex(record["commitment"]), lambda raw: True)
 
     async def _submit_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -27,6 +27,7 @@ from node.engines.transformers_engine import TransformersEngine, TransformersOpt
 from node.executer.chain_mode import ChainGate
 from node.executer.server import create_app
 from node.executer.service import ExecuterService
+from node.p2p.host import P2PHost
 from node.profiles import load_profile
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.reputation import PRIOR_WAD
@@ -78,8 +79,14 @@ async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, to
     for v in validators:
         hub.bond(v, Role.VALIDATOR, 5 * 10**18)
 
-    runners = []
-    for op in operators:  # each executer serves its OpenAI-compatible API and payloads
+    runners, hosts = [], []
+    peers = {}
+    for op in operators:  # each executer serves payloads over libp2p (validators ask there first) and HTTP
+        host = P2PHost(tmp_path / f"{op.name}.key", op.service.payload_json).start()
+        hosts.append(host)
+        peers[op.account.address] = f"{host.addrs[0]}/p2p/{host.peer_id}" if "/p2p/" not in host.addrs[0] \
+            else host.addrs[0]
+    for op in operators:  # each executer serves its OpenAI-compatible API
         runner = web.AppRunner(create_app(op.service, "profile", True))
         await runner.setup()
         port = free_port()
@@ -94,6 +101,7 @@ async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, to
     for i, account in enumerate(validators):
         config = ValidatorConfig(chain_id=31337, contract=hub.address, keystore=Path("unused"),
                                  start_block=deployment.block, executers={o.account.address: o.url for o in operators},
+                                 peers=peers, p2p_key=tmp_path / f"validator{i}.key",
                                  confirmations=1, poll_interval=0.2, metrics_port=free_port())
         store = Store(tmp_path / f"validator{i}", 31337, hub.address)
         nodes.append((ValidatorNode(config, account, Hub(anvil.web3(), hub.address), store, {model_id: slot}), store))
@@ -123,6 +131,9 @@ async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, to
     await asyncio.gather(*tasks, return_exceptions=True)
     for runner in runners:
         await runner.cleanup()
+    for host in hosts:
+        host.stop()
+    fetched = [node.metrics.fetched.labels(src)._value.get() for node, _ in nodes for src in ("libp2p", "http")]
     for _, store in nodes:
         store.close()
 
@@ -138,6 +149,8 @@ async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, to
     assert status["forger"] == [Status.FRAUD] and forger.stake == 0 and forger.jailed
     assert all(hub.credits(v.address) > 0 for v in validators)
     assert all(node.healthy for node, _ in nodes)
+    libp2p, http = sum(fetched[0::2]), sum(fetched[1::2])
+    assert libp2p > 0 and http == 0, (libp2p, http)  # libp2p by default, HTTP only as the fallback
 
 
 async def settle(hub: Hub, ids: list[int], tasks: list[asyncio.Task], timeout: float = 240.0) -> None:

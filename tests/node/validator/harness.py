@@ -119,7 +119,8 @@ async def harness(tiny, tmp_path: Path, **config: Any) -> AsyncIterator[Harness]
         url = f"http://127.0.0.1:{port}"
         values = dict(chain_id=31337, contract=hub.address, keystore=Path("unused"), start_block=deployment.block,
                       executers={operator.address: url}, confirmations=1, poll_interval=0.2,
-                      metrics_port=free_port(), fetch_retries=2, fetch_timeout=5.0)
+                      metrics_port=free_port(), fetch_retries=2, fetch_timeout=5.0,
+                      p2p_key=tmp_path / "validator.key")
         values.update(config)
         store = Store(tmp_path / "validator", 31337, hub.address)
         slot = ModelSlot(tiny.files, tiny.tokenizer, tiny.engine, tiny_thresholds(tiny))

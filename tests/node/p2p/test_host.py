@@ -1,0 +1,57 @@
+"""Real libp2p hosts on 127.0.0.1 (Noise): payload exchange, not-found, bad peers scored down, restart."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from node.p2p.host import SCORE_FLOOR, P2PHost, PayloadNotFound, PeerUnavailable
+
+PAYLOADS = {7: b'{"inference_id": "7"}' * 1000, 8: b"x" * (2 * 2**20)}
+
+
+def full_addr(host: P2PHost) -> str:
+    return host.addrs[0] if "/p2p/" in host.addrs[0] else f"{host.addrs[0]}/p2p/{host.peer_id}"
+
+
+def test_a_payload_travels_between_two_hosts_and_unknown_ids_are_typed(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "a.key") as a, P2PHost(tmp_path / "b.key", provider=PAYLOADS.get) as b:
+        assert a.fetch_payload_blocking(full_addr(b), 7) == PAYLOADS[7]
+        assert a.fetch_payload_blocking(full_addr(b), 8) == PAYLOADS[8]  # 2 MiB
+        with pytest.raises(PayloadNotFound):
+            a.fetch_payload_blocking(full_addr(b), 9)
+
+
+def test_the_asyncio_bridge(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "a.key") as a, P2PHost(tmp_path / "b.key", provider=PAYLOADS.get) as b:
+        async def many() -> list[bytes]:
+            return await asyncio.gather(*(a.fetch_payload(full_addr(b), 7) for _ in range(5)))
+
+        assert asyncio.run(many()) == [PAYLOADS[7]] * 5
+
+
+def test_the_peer_key_persists_so_a_restarted_node_keeps_its_identity(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "b.key", provider=PAYLOADS.get) as b:
+        first = b.peer_id
+    assert oct((tmp_path / "b.key").stat().st_mode & 0o777) == "0o600"
+    with P2PHost(tmp_path / "b.key", provider=PAYLOADS.get) as b, P2PHost(tmp_path / "a.key") as a:
+        assert b.peer_id == first
+        assert a.fetch_payload_blocking(full_addr(b), 7) == PAYLOADS[7]  # re-joined: reachable again
+
+
+def test_a_peer_that_serves_bad_data_is_scored_down_and_dropped(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "a.key") as a, P2PHost(tmp_path / "b.key", provider=lambda _: b"tampered") as b:
+        addr = full_addr(b)
+        while a.score_down(addr) > SCORE_FLOOR:  # the caller found the bytes did not match the commitment
+            assert a.fetch_payload_blocking(addr, 7) == b"tampered"
+        with pytest.raises(PeerUnavailable, match="dropped"):
+            a.fetch_payload_blocking(addr, 7)
+
+
+def test_a_gone_peer_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "b.key", provider=PAYLOADS.get) as b:
+        addr = full_addr(b)
+    with P2PHost(tmp_path / "a.key", timeout=3.0) as a, pytest.raises(PeerUnavailable):
+        a.fetch_payload_blocking(addr, 7)
