@@ -105,6 +105,9 @@ class P2PHost:
     _error: BaseException | None = None
     addrs: list[str] = field(default_factory=list)
     peer_id: str = ""
+    topic: str | None = None  # gossipsub topic for verdicts (one per chain + contract); None: no gossip
+    validate: Callable[[bytes], bool] = lambda _: False  # checked before a message is delivered or relayed
+    on_message: Callable[[bytes], None] = lambda _: None  # called in the trio thread for every valid message
 
     def start(self) -> P2PHost:
         """Start the host in its own trio thread and wait until it listens."""
@@ -133,12 +136,70 @@ class P2PHost:
             async with self._host.run(listen_addrs=[multiaddr.Multiaddr(self.listen)]):
                 self.addrs = [str(a) for a in self._host.get_addrs()]
                 self.peer_id = str(self._host.get_id())
-                self._ready.set()
-                await self._stop.wait()
+                if self.topic is None:
+                    self._ready.set()
+                    await self._stop.wait()
+                else:
+                    await self._run_gossip(self.topic)
         except BaseException as exc:
             self._error = exc
             self._ready.set()
             raise
+
+    async def _run_gossip(self, topic: str) -> None:
+        from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
+        from libp2p.pubsub.gossipsub import GossipSub
+        from libp2p.pubsub.pubsub import Pubsub
+        from libp2p.tools.anyio_service import background_trio_service
+
+        router = GossipSub(protocols=[GOSSIPSUB_PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
+                           heartbeat_initial_delay=0.2, heartbeat_interval=1)
+        self._pubsub = Pubsub(self._host, router)
+        async with background_trio_service(self._pubsub), background_trio_service(router):
+            await self._pubsub.wait_until_ready()
+            self._pubsub.set_topic_validator(topic, lambda _peer, msg: self._is_valid(msg.data), False)
+            subscription = await self._pubsub.subscribe(topic)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._deliver, subscription)
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+    def _is_valid(self, data: bytes) -> bool:
+        try:
+            return bool(self.validate(data))
+        except Exception as exc:  # a validator that fails rejects: a message is relayed only when known good
+            log.info("gossip message rejected: %s", exc)
+            return False
+
+    async def _deliver(self, subscription: Any) -> None:
+        while True:
+            message = await subscription.get()
+            try:
+                self.on_message(bytes(message.data))
+            except Exception:
+                log.exception("gossip handler failed")
+
+    async def _connect(self, addr: str) -> None:
+        with trio.fail_after(self.timeout):
+            await self._host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
+
+    def connect_blocking(self, addr: str) -> None:
+        """Dial a peer (call from a non-trio thread); failures are logged, not raised: peers come and go."""
+        try:
+            trio.from_thread.run(self._connect, addr, trio_token=self._token)
+        except Exception as exc:
+            log.info("peer %s not reachable: %s", addr, exc)
+
+    async def _publish(self, data: bytes) -> None:
+        assert self.topic is not None
+        await self._pubsub.publish(self.topic, data)
+
+    def publish_blocking(self, data: bytes) -> None:
+        """Publish on the verdict topic (call from a non-trio thread)."""
+        if self.topic is None:
+            raise FatalError("this host has no gossip topic", Reason.OUT_OF_RANGE)
+        trio.from_thread.run(self._publish, data, trio_token=self._token)
 
     async def _serve(self, stream: Any) -> None:
         try:

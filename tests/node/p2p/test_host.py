@@ -55,3 +55,33 @@ def test_a_gone_peer_is_unavailable_not_a_crash(tmp_path: Path) -> None:
         addr = full_addr(b)
     with P2PHost(tmp_path / "a.key", timeout=3.0) as a, pytest.raises(PeerUnavailable):
         a.fetch_payload_blocking(addr, 7)
+
+
+def test_gossip_relays_only_valid_messages_across_hosts_that_are_not_directly_connected(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    received: dict[str, list[bytes]] = {"a": [], "b": [], "c": []}
+    lock = threading.Lock()
+
+    def host(name: str) -> P2PHost:
+        def on_message(data: bytes) -> None:
+            with lock:
+                received[name].append(data)
+
+        return P2PHost(tmp_path / f"{name}.key", topic="verinfer/31337/0xabc/verdicts",
+                       validate=lambda data: data.startswith(b"signed:"), on_message=on_message)
+
+    with host("a") as a, host("b") as b, host("c") as c:
+        a.connect_blocking(full_addr(b))  # b -- a -- c: b and c only meet through a
+        a.connect_blocking(full_addr(c))
+        time.sleep(2.0)  # meshes form on the heartbeat
+        b.publish_blocking(b"signed: verdict 1")
+        b.publish_blocking(b"forged: verdict 2")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not received["c"]:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        with lock:
+            assert received["c"] == [b"signed: verdict 1"]  # relayed by a; the invalid one stopped
+            assert received["a"] == [b"signed: verdict 1"]
