@@ -29,6 +29,8 @@ class ValidatorConfig(BaseSettings):
                                   description="address (operator or validator) -> libp2p multiaddr with /p2p/<id>")
     p2p_listen: str | None = Field("/ip4/127.0.0.1/tcp/0", description="libp2p listen multiaddr; None: off")
     p2p_key: Path | None = Field(None, description="libp2p peer key file (default: data_dir/peer.key)")
+    gossip: bool = Field(True, description="gossip signed verdicts; the first committee member submits a quorum")
+    submit_grace: float = Field(5.0, ge=0, description="seconds the other members wait before submitting")
     confirmations: int = Field(2, ge=0)
     safety_window: int = Field(64, ge=4)
     poll_interval: float = Field(1.0, gt=0)

@@ -13,6 +13,7 @@ Nothing is signed before its record is stored, and nothing is sent before its by
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from web3 import Web3
 
 from chain.contracts import Commitment, Hub, Status, Vote, params_from_event
-from chain.eip712 import Verdict, sign_verdict
+from chain.eip712 import Verdict, recover_verdict_signer, sign_verdict
 from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
@@ -118,6 +119,10 @@ class ValidatorNode:
         self.verdicts: asyncio.Queue[tuple[Job, VerdictRecord, FraudProof | None]] = asyncio.Queue()
         self.healthy = True
         self.p2p: P2PHost | None = None  # started by run() when config.p2p_listen is set
+        self.gossip: asyncio.Queue[bytes] = asyncio.Queue()
+        self._committees: dict[int, list[str]] = {}
+        self._submits: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.done: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) submitted, for tests and logs
 
     # ---- start-up checks ------------------------------------------------------------------------
@@ -144,20 +149,27 @@ class ValidatorNode:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every duty until `stop` is set; a fatal error stops them all."""
+        self._loop = asyncio.get_running_loop()
         self.preflight()
         self.metrics.healthy.set(1)
         if self.config.p2p_listen:
             from node.p2p.host import P2PHost
 
+            topic = f"verinfer/{self.config.chain_id}/{self.hub.address.lower()}/verdicts" if self.config.gossip \
+                else None
             self.p2p = P2PHost(self.config.p2p_key or self.config.data_dir / "peer.key", self._serve_payload,
-                               self.config.p2p_listen, timeout=self.config.fetch_timeout)
+                               self.config.p2p_listen, timeout=self.config.fetch_timeout, topic=topic,
+                               validate=self._validate_gossip, on_message=self._on_gossip)
             await asyncio.to_thread(self.p2p.start)
+            for addr in self.config.peers.values():
+                await asyncio.to_thread(self.p2p.connect_blocking, addr)
             log.info("libp2p listening", extra={"addrs": self.p2p.addrs, "peer_id": self.p2p.peer_id})
         runner = await self._start_http()
         tasks = [asyncio.create_task(self.stream.run(self._on_events, self.config.poll_interval, self.config.ws_url,
                                                      stop), name="events"),
                  asyncio.create_task(self._verify_loop(stop), name="verify"),
-                 asyncio.create_task(self._submit_loop(stop), name="submit")]
+                 asyncio.create_task(self._submit_loop(stop), name="submit"),
+                 asyncio.create_task(self._quorum_loop(stop), name="quorum")]
         try:
             done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -367,19 +379,94 @@ class ValidatorNode:
         vote = Vote(verdict.valid, verdict.reason, verdict.scores_digest, verdict.deadline, signature)
         facts = job.facts
         commitment = Commitment(facts.output_hash, facts.artifact_root, facts.fingerprint_hash)
-        fn = self.hub.contract.functions.submitVerdicts(facts.inference_id, commitment.as_tuple(), [vote.as_tuple()])
-        for attempt in range(3):  # a vote mined after the state moved can fail; the same signed vote again
-            entry = self.txm.send(fn, purpose=f"verdict {facts.inference_id}")
+        self.metrics.verdicts.labels(str(verdict.valid).lower()).inc()
+        self.done.append((facts.inference_id, verdict.valid, verdict.reason))
+        if self.p2p is not None and self.p2p.topic is not None:  # gossip: a quorum is submitted in one tx
+            message = encode_vote_message(facts.inference_id, commitment, vote)
+            self.p2p.publish_blocking(message)
+            self._on_gossip(message)  # our own vote counts towards the quorum we may submit
+            log.info("verdict gossiped", extra={"inference_id": facts.inference_id, "valid": verdict.valid})
+            return
+        self._submit_votes(facts.inference_id, commitment, [vote])
+
+    def _submit_votes(self, inference_id: int, commitment: Commitment, votes: list[Vote]) -> None:
+        """Send signed votes in one journaled transaction and confirm it."""
+        fn = self.hub.contract.functions.submitVerdicts(inference_id, commitment.as_tuple(),
+                                                        [v.as_tuple() for v in votes])
+        for attempt in range(3):  # a vote mined after the state moved can fail; the same signed votes again
+            entry = self.txm.send(fn, purpose=f"verdicts {inference_id}")
             try:
                 self.txm.confirm(entry["nonce"])
                 break
             except TxFailed:
-                if attempt == 2 or self.hub.get_inference(facts.inference_id).status is not Status.COMMITTED:
+                if attempt == 2 or self.hub.get_inference(inference_id).status is not Status.COMMITTED:
                     raise
-        self.metrics.verdicts.labels(str(verdict.valid).lower()).inc()
-        self.done.append((facts.inference_id, verdict.valid, verdict.reason))
-        log.info("verdict submitted", extra={"inference_id": facts.inference_id, "valid": verdict.valid,
-                                             "reason": Reason(verdict.reason).name})
+        log.info("verdicts submitted", extra={"inference_id": inference_id, "votes": len(votes)})
+
+    # ---- verdict gossip and the quorum submitter ------------------------------------------------
+
+    def _committee(self, inference_id: int) -> list[str]:
+        """Return an inference's committee (cached: it is fixed once the seed block exists)."""
+        if inference_id not in self._committees:
+            checked, committee = self.hub.selection_of(inference_id)
+            self._committees[inference_id] = committee if checked else []
+        return self._committees[inference_id]
+
+    def _validate_gossip(self, data: bytes) -> bool:
+        """Check a gossiped vote: well formed, signed by a member of that inference's committee."""
+        inference_id, _, vote = decode_vote_message(data)
+        verdict = Verdict(inference_id, bytes.fromhex(json.loads(data)["artifact_root"][2:]), vote.valid,
+                          vote.reason, vote.scores_digest, vote.deadline)
+        signer = recover_verdict_signer(verdict, vote.signature, self.config.chain_id, self.hub.address)
+        return signer in self._committee(inference_id)
+
+    def _on_gossip(self, data: bytes) -> None:
+        """Hand a valid vote to the quorum loop (called from the libp2p thread or our own)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.gossip.put_nowait, data)
+
+    async def _quorum_loop(self, stop: asyncio.Event) -> None:
+        """Collect gossiped votes; at a quorum the first committee member (by address) submits them once;
+        the others wait a grace period and submit only if nothing landed (liveness)."""
+        votes: dict[int, dict[str, Vote]] = {}
+        commitments: dict[int, Commitment] = {}
+        pending: set[int] = set()
+        while not stop.is_set():
+            data = await self.gossip.get()
+            try:
+                inference_id, commitment, vote = decode_vote_message(data)
+                artifact_root = bytes.fromhex(json.loads(data)["artifact_root"][2:])
+                verdict = Verdict(inference_id, artifact_root, vote.valid, vote.reason, vote.scores_digest,
+                                  vote.deadline)
+                signer = recover_verdict_signer(verdict, vote.signature, self.config.chain_id, self.hub.address)
+                committee = await asyncio.to_thread(self._committee, inference_id)
+            except (ValueError, KeyError, ChainError) as exc:
+                log.info("gossiped vote ignored: %s", exc)
+                continue
+            if signer not in committee:
+                continue
+            votes.setdefault(inference_id, {})[signer] = vote
+            commitments[inference_id] = commitment
+            quorum = len(committee) // 2 + 1
+            for side in (True, False):
+                agreeing = [v for v in votes[inference_id].values() if v.valid is side]
+                if len(agreeing) >= quorum and inference_id not in pending:
+                    pending.add(inference_id)
+                    first = sorted(committee, key=str.lower)[0] == self.account.address
+                    task = asyncio.create_task(self._submit_quorum(
+                        inference_id, commitments[inference_id], agreeing, 0.0 if first else self.config.submit_grace))
+                    self._submits.add(task)
+                    task.add_done_callback(self._submits.discard)
+
+    async def _submit_quorum(self, inference_id: int, commitment: Commitment, votes: list[Vote],
+                             delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            status = (await asyncio.to_thread(self.hub.get_inference, inference_id)).status
+            if status is Status.COMMITTED:
+                await asyncio.to_thread(self._submit_votes, inference_id, commitment, votes)
+        except ChainError as exc:  # another submitter won the race, or the window closed
+            log.info("quorum not submitted", extra={"inference_id": inference_id, "error": str(exc)})
 
     def _prove_fraud(self, job: Job, fraud: FraudProof) -> None:
         facts = job.facts
@@ -421,6 +508,32 @@ class ValidatorNode:
         site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port)
         await site.start()
         return runner
+
+
+def encode_vote_message(inference_id: int, commitment: Commitment, vote: Vote) -> bytes:
+    """Return the gossip message of one signed vote (with the commitment a submitter needs)."""
+    return json.dumps({"inference_id": str(inference_id), "artifact_root": "0x" + commitment.artifact_root.hex(),
+                       "output_hash": "0x" + commitment.output_hash.hex(),
+                       "fingerprint_hash": "0x" + commitment.fingerprint_hash.hex(), "valid": vote.valid,
+                       "reason": vote.reason, "scores_digest": "0x" + vote.scores_digest.hex(),
+                       "deadline": vote.deadline, "signature": "0x" + vote.signature.hex()}).encode()
+
+
+def decode_vote_message(data: bytes) -> tuple[int, Commitment, Vote]:
+    """Return (inference id, commitment, vote) of a gossip message, or raise ValueError/KeyError."""
+    m = json.loads(data)
+
+    def b32(key: str) -> bytes:
+        raw = bytes.fromhex(str(m[key]).removeprefix("0x"))
+        if len(raw) != 32:
+            raise ValueError(f"{key} is not 32 bytes")
+        return raw
+
+    signature = bytes.fromhex(str(m["signature"]).removeprefix("0x"))
+    if len(signature) != 65 or not isinstance(m["valid"], bool):
+        raise ValueError("malformed vote")
+    return (int(m["inference_id"]), Commitment(b32("output_hash"), b32("artifact_root"), b32("fingerprint_hash")),
+            Vote(m["valid"], int(m["reason"]), b32("scores_digest"), int(m["deadline"]), signature))
 
 
 def build_fraud_proof(payload: InferencePayload, position: int) -> FraudProof:

@@ -27,7 +27,7 @@ from node.engines.transformers_engine import TransformersEngine, TransformersOpt
 from node.executer.chain_mode import ChainGate
 from node.executer.server import create_app
 from node.executer.service import ExecuterService
-from node.p2p.host import P2PHost
+from node.p2p.host import P2PHost, compute_peer_id
 from node.profiles import load_profile
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.reputation import PRIOR_WAD
@@ -98,8 +98,14 @@ async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, to
     slot = ModelSlot(smol.files, smol.tokenizer, own_engine, profile.stage2_thresholds())
     stop = asyncio.Event()
     nodes = []
+    listen = {}
+    for i, account in enumerate(validators):  # validators gossip votes: they know each other's libp2p address
+        port = free_port()
+        listen[account.address] = f"/ip4/127.0.0.1/tcp/{port}"
+        peers[account.address] = f"{listen[account.address]}/p2p/{compute_peer_id(tmp_path / f'validator{i}.key')}"
     for i, account in enumerate(validators):
-        config = ValidatorConfig(chain_id=31337, contract=hub.address, keystore=Path("unused"),
+        config = ValidatorConfig(p2p_listen=listen[account.address], chain_id=31337, contract=hub.address,
+                                 keystore=Path("unused"),
                                  start_block=deployment.block, executers={o.account.address: o.url for o in operators},
                                  peers=peers, p2p_key=tmp_path / f"validator{i}.key",
                                  confirmations=1, poll_interval=0.2, metrics_port=free_port())
@@ -151,6 +157,13 @@ async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, to
     assert all(node.healthy for node, _ in nodes)
     libp2p, http = sum(fetched[0::2]), sum(fetched[1::2])
     assert libp2p > 0 and http == 0, (libp2p, http)  # libp2p by default, HTTP only as the fallback
+    # votes travel by gossip and a quorum lands in one transaction: never two verdict txs per inference
+    recorded = hub.contract.events.VerdictRecorded().get_logs(from_block=deployment.block)
+    txs: dict[int, set[str]] = {}
+    for e in recorded:
+        txs.setdefault(int(e["args"]["inferenceId"]), set()).add(e["transactionHash"].to_0x_hex())
+    assert txs and all(len(t) == 1 for t in txs.values()), txs
+    assert any(len([e for e in recorded if int(e["args"]["inferenceId"]) == i]) == 2 for i in txs)  # a 2-vote quorum
 
 
 async def settle(hub: Hub, ids: list[int], tasks: list[asyncio.Task], timeout: float = 240.0) -> None:

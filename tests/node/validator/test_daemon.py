@@ -241,3 +241,17 @@ def test_an_unhealthy_stream_refuses_to_sign_and_a_missing_contract_refuses_to_s
                 h.node.preflight()
 
     run(scenario())
+
+
+def test_gossip_vote_messages_round_trip_and_malformed_ones_are_rejected() -> None:
+    from chain.contracts import Commitment, Vote
+    from node.validator.daemon import decode_vote_message, encode_vote_message
+
+    c = Commitment(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32)
+    v = Vote(False, 504, b"\x04" * 32, 2**40, b"\x05" * 65)
+    assert decode_vote_message(encode_vote_message(9, c, v)) == (9, c, v)
+    good = json.loads(encode_vote_message(9, c, v))
+    for broken in ({**good, "signature": "0x00"}, {**good, "artifact_root": "0x1234"}, {**good, "valid": "yes"},
+                   {k: x for k, x in good.items() if k != "deadline"}):
+        with pytest.raises((ValueError, KeyError)):
+            decode_vote_message(json.dumps(broken).encode())
