@@ -255,3 +255,32 @@ def test_gossip_vote_messages_round_trip_and_malformed_ones_are_rejected() -> No
                    {k: x for k, x in good.items() if k != "deadline"}):
         with pytest.raises((ValueError, KeyError)):
             decode_vote_message(json.dumps(broken).encode())
+
+
+def test_a_validator_serves_cached_payloads_to_peers_when_the_executer_is_gone(tiny, tmp_path) -> None:
+    from node.p2p.host import P2PHost
+    from node.validator.verify import find_payload_mismatch
+
+    async def scenario() -> None:
+        async with harness(tiny, tmp_path) as h:
+            stop, task = await start(h)
+            iid = await h.infer()
+            assert await h.settled(iid) is Status.VALID
+            async with h.session.get(f"{h.executer_url}/v1/payloads/{iid}") as r:
+                original = await r.read()
+            h.tamper["payload"] = lambda _: (_ for _ in ()).throw(RuntimeError("executer gone"))  # HTTP now fails
+            node = h.node.p2p
+            assert node is not None
+            addr = node.addrs[0] if "/p2p/" in node.addrs[0] else f"{node.addrs[0]}/p2p/{node.peer_id}"
+            with P2PHost(tmp_path / "peer.key") as peer:
+                served = await peer.fetch_payload(addr, iid)
+            from node.executer.api import InferencePayload
+
+            assert InferencePayload.model_validate_json(served) == InferencePayload.model_validate_json(original)
+            committed = dict(h.hub.contract.events.InferenceCommitted().get_logs(from_block=0)[-1]["args"])
+            job = h.node._job(iid, committed)
+            assert job is not None  # what a peer serves is the committed payload
+            assert find_payload_mismatch(InferencePayload.model_validate_json(served), job.facts).name == "OK"
+            await finish(stop, task)
+
+    run(scenario())
