@@ -140,6 +140,23 @@ def calibrate_fit(
         console.print(f"profile: {path}")
 
 
+@app.command("devnet")
+def devnet(
+    rounds: int = typer.Option(6, min=1, max=100, help="Requests per operator (none once it is jailed)."),
+    validators: int = typer.Option(3, min=1, max=8, help="Validator processes."),
+    committee: int = typer.Option(2, min=1, max=8, help="Validators drawn per inference."),
+    tokens: int = typer.Option(32, min=4, max=512, help="Generated tokens per request."),
+    threads: int = typer.Option(1, min=1, help="torch threads per process."),
+    out: Path = typer.Option(Path("devnet-out"), help="Logs, node state, devnet.json and the plot."),
+) -> None:
+    """A local network: anvil + contract, an honest and three cheating operators, validators, a requester."""
+    from node.devnet import DevnetOptions, run_devnet
+
+    options = DevnetOptions(rounds=rounds, validators=validators, committee=min(committee, validators),
+                            tokens=tokens, threads=threads, out=out)
+    raise typer.Exit(run_devnet(options, console))
+
+
 @app.command("verify")
 def verify(
     payload: Path = typer.Option(..., help="Payload JSON (as served at /v1/payloads/{inference_id})."),

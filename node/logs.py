@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -24,9 +25,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str)
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Send every log record to stderr as JSON lines (replacing earlier handlers)."""
-    handler = logging.StreamHandler()
+def configure_logging(level: int = logging.INFO, path: Path | None = None) -> None:
+    """Send every log record to stderr (or to the file at path) as JSON lines, replacing earlier handlers."""
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

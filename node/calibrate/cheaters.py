@@ -91,3 +91,34 @@ class ForgedChoiceEngine:
     def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
         """Prefill honestly."""
         return self.honest.prefill(prompt_ids, output_ids)
+
+
+@dataclass
+class TemperatureLieEngine:
+    """The real model sampled at a temperature other than the declared one (declared + delta).
+
+    The leaves are the ones the real model produced at the temperature actually used, so stage 1
+    passes: only the weights' mismatch with the declared temperature gives it away (stage 2).
+    """
+
+    honest: Engine
+    delta: float = 0.3
+
+    @property
+    def info(self) -> EngineInfo:
+        """Claim the honest engine's identity."""
+        return self.honest.info
+
+    @property
+    def vocab_size(self) -> int:
+        """Return the vocabulary size."""
+        return self.honest.vocab_size
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate each request at its declared temperature + delta."""
+        return self.honest.generate([replace(r, params=replace(r.params, temperature=r.params.temperature + self.delta))
+                                     for r in requests])
+
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Prefill honestly."""
+        return self.honest.prefill(prompt_ids, output_ids)

@@ -1,0 +1,58 @@
+"""`verinfer devnet` is safe to interrupt: SIGINT or SIGTERM mid-run stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import plyvel
+import psutil
+import pytest
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_devnet_leaves_no_process_and_no_locked_store(tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "devnet"
+    devnet = subprocess.Popen([sys.executable, "-m", "node.cli", "devnet", "--rounds", "4", "--validators", "2",
+                               "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    seen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # wait until the traffic runs: anvil, validators and verdicts
+            for child in _children(devnet.pid):
+                seen.setdefault(child.pid, " ".join(child.cmdline()))
+            log = (out / "devnet.log").read_text() if (out / "devnet.log").exists() else ""
+            if "valid (P(spoofer)" in log:
+                break
+            assert devnet.poll() is None, devnet.stdout.read().decode() if devnet.stdout else ""
+            time.sleep(0.5)
+        else:
+            pytest.fail("the devnet never got to its first verdict")
+        assert any("anvil" in c for c in seen.values()) and sum("validator" in c for c in seen.values()) == 2, seen
+        devnet.send_signal(sig)
+        output, _ = devnet.communicate(timeout=90)
+    finally:
+        if devnet.poll() is None:
+            os.killpg(devnet.pid, signal.SIGKILL)
+    assert devnet.returncode == 130, output.decode()
+    assert b"interrupted" in output
+    left = [f"{pid}: {cmd}" for pid, cmd in seen.items() if psutil.pid_exists(pid)
+            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not left, left
+    stores = sorted(out.glob("nodes/*/data"))
+    assert len(stores) == 6  # four operators' journals, two validators' stores
+    for path in stores:  # every LevelDB was closed: its lock can be taken again
+        plyvel.DB(str(path)).close()
