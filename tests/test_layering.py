@@ -70,3 +70,12 @@ def test_the_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import socket\nfrom node.validator import x\n")
     assert imports_of(bad) == {"socket", "node.validator"}
+
+
+PRODUCTION = ("node/protocol", "node/checks", "node/engines", "node/executer", "node/validator", "node/store", "node/p2p")
+
+
+@pytest.mark.parametrize("path", [p for package in PRODUCTION for p in files(package)], ids=str)
+def test_production_code_never_imports_the_demo_or_the_cheaters(path):
+    # the cheating engines (node.calibrate) and the devnet exist to attack and exercise the node, never to run in it
+    assert not any(n.startswith(("node.devnet", "node.calibrate")) for n in imports_of(path)), path
