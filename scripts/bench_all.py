@@ -1,0 +1,151 @@
+"""Run every benchmark and write one table: the dashboard of verinfer's numbers.
+
+Each benchmark runs as its own process (scripts/bench_*.py; the engine benchmark from .venv-vllm when it
+exists, so both backends are measured in one run) and writes its JSON to bench-results/; this script
+reads those files and prints one table of headline numbers, with the goal each is held to, and writes it
+as bench-results/bench_all.json and bench-results/bench_all.md. A benchmark that fails is reported as
+failed (and makes the exit code 1); the others still run.
+Usage: python scripts/bench_all.py [--quick] [--only stage1 gas ...] [--from-existing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench-results"
+Row = tuple[str, str, str, str]  # metric, value, goal, verdict
+
+# name -> (arguments for a full run, arguments for --quick)
+BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
+    "stage1": ([], ["--repeats", "5"]),
+    "stage2": ([], ["--positions", "64"]),
+    "engine": ([], ["--tokens", "64", "--repeats", "1"]),
+    "daemon": (["--repeats", "7"], ["--tokens", "64", "--repeats", "2"]),
+    "p2p": ([], ["--fetches", "10"]),
+    "gas": ([], []),
+}
+
+
+def _python_for(name: str) -> str:
+    vllm = ROOT / ".venv-vllm" / "bin" / "python"
+    return str(vllm) if name == "engine" and vllm.exists() else sys.executable
+
+
+def _goal(value: float, goal: float, higher_is_better: bool = True) -> str:
+    ok = value >= goal if higher_is_better else value <= goal
+    return "met" if ok else "missed"
+
+
+def rows_stage1(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_stage1.json."""
+    return [(f"stage 1, {r['tokens']} tokens, full check", f"{r['full_positions_per_s']:,.0f} positions/s",
+             f"≥ {d['target']:,} positions/s", _goal(r["full_positions_per_s"], d["target"])) for r in d["results"]]
+
+
+def rows_stage2(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_stage2.json."""
+    return [(f"stage 2 per position, {name}", f"{r['fast_ms']:.2f} ms ({r['speedup']:.1f}× the reference)", "-", "-")
+            for name, r in d["results"].items()]
+
+
+def rows_engine(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_engine.json: generation vs validation, measured in one run."""
+    out: list[Row] = []
+    for r in d["results"]:
+        out.append((f"{r['backend']}: decode, {r['tokens']} tokens", f"{r['decode_tok_per_s']:.1f} tok/s", "-", "-"))
+        out.append((f"{r['backend']}: generation ÷ validation prefill (one run)", f"{r['generate_over_prefill']:.1f}×",
+                    "-", "-"))
+        out.append((f"{r['backend']}: executer overhead (sampler + artifact + fingerprints)",
+                    f"{100 * (r['sampler_share'] + r['artifact_share'] + r['fingerprint_share']):.1f} % of generation",
+                    "-", "-"))
+    return out
+
+
+def rows_daemon(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_daemon.json."""
+    return [(f"validator: inferences/h, {d['tokens']} tokens", f"{d['inferences_per_hour']:,.0f}", "-", "-"),
+            ("validator: share of the prefill bound", f"{100 * d['fraction_of_bound']:.1f} %", "≥ 90 %",
+             _goal(d["fraction_of_bound"], 0.9))]
+
+
+def rows_p2p(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_p2p.json."""
+    return [(f"payload fetch, {name}", f"{r['median_ms']:.2f} ms", "-", "-") for name, r in d["results"].items()]
+
+
+def rows_gas(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_gas.json, with the issue's gas targets where one applies."""
+    gas, targets = d["gas"], {"commitInference": 80_000, "submitVerdicts (1 signature": 120_000,
+                              "proveFraud": 150_000}
+    out: list[Row] = []
+    for name, used in gas.items():
+        goal = next((t for prefix, t in targets.items() if name.startswith(prefix)), None)
+        out.append((f"gas: {name}", f"{used:,}", f"≤ {goal:,}" if goal else "-",
+                    _goal(used, goal, higher_is_better=False) if goal else "-"))
+    return out
+
+
+EXTRACT: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "stage1": rows_stage1, "stage2": rows_stage2, "engine": rows_engine, "daemon": rows_daemon, "p2p": rows_p2p,
+    "gas": rows_gas,
+}
+
+
+def main() -> int:
+    """Run the benchmarks, print and write the dashboard."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens (minutes, noisier)")
+    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    parser.add_argument("--from-existing", action="store_true", help="only tabulate the JSON already there")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    console = Console(width=140) if not Console().is_terminal else Console()
+    status: dict[str, dict[str, Any]] = {}
+    for name in args.only:
+        json_path = RESULTS / f"bench_{name}.json"
+        if not args.from_existing:
+            full, quick = BENCHMARKS[name]
+            cmd = [_python_for(name), str(ROOT / "scripts" / f"bench_{name}.py"), *(quick if args.quick else full),
+                   "--out", str(json_path)]
+            console.print(f"[bold]bench_{name}[/bold]: {' '.join(cmd[1:])}")
+            start = time.monotonic()
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            status[name] = {"seconds": round(time.monotonic() - start, 1), "exit": done.returncode}
+            if done.returncode != 0:
+                console.print(f"[red]bench_{name} failed ({done.returncode}):[/red]\n{done.stderr[-2000:]}")
+                continue
+        if not json_path.exists():
+            status.setdefault(name, {})["missing"] = True
+            continue
+        status.setdefault(name, {})["rows"] = EXTRACT[name](json.loads(json_path.read_text()))
+
+    table = Table(title="verinfer benchmarks" + (" (quick)" if args.quick else ""))
+    for column in ("benchmark", "metric", "value", "goal", ""):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    lines = ["| benchmark | metric | value | goal | |", "|---|---|---:|---|---|"]
+    for name, s in status.items():
+        for metric, value, goal, verdict in s.get("rows", [("-", "failed" if s.get("exit") else "no result", "-",
+                                                               "-")]):
+            mark = {"met": "[green]met[/green]", "missed": "[red]missed[/red]"}.get(verdict, "")
+            table.add_row(name, metric, value, goal, mark)
+            lines.append(f"| {name} | {metric} | {value} | {goal} | {verdict if verdict != '-' else ''} |")
+    console.print(table)
+    (RESULTS / "bench_all.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "bench_all.json").write_text(json.dumps({"quick": args.quick, "benchmarks": status}, indent=1) + "\n")
+    console.print(f"wrote {RESULTS / 'bench_all.md'} and {RESULTS / 'bench_all.json'}")
+    return 1 if any(s.get("exit") or s.get("missing") for s in status.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
