@@ -72,7 +72,8 @@ def test_the_checker_sees_a_violation(tmp_path):
     assert imports_of(bad) == {"socket", "node.validator"}
 
 
-PRODUCTION = ("node/protocol", "node/checks", "node/engines", "node/executer", "node/validator", "node/store", "node/p2p")
+PRODUCTION = ("node/protocol", "node/checks", "node/engines", "node/executer", "node/validator", "node/store",
+              "node/p2p")
 
 
 @pytest.mark.parametrize("path", [p for package in PRODUCTION for p in files(package)], ids=str)

@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 
 OPERATOR_KINDS: dict[str, str] = {  # kind -> what it really does (short: it is a column of the live table)
     "honest": "fp32, as declared",
-    "int8": "int8 weights, claims fp32",
-    "prefill": "int8 text, real-model leaves",
+    "int8": "int8, claims fp32",
+    "prefill": "int8 text, real leaves",
     "temperature-lie": "samples at T + 0.3",
 }
 SAMPLING = ((0.7, 1.0), (1.0, 0.9), (1.0, 1.0), (0.7, 0.9))  # (temperature, top_p) per round, in turn
@@ -343,7 +343,10 @@ class Devnet:
 
     def load_operators(self) -> None:
         """Load the real model and build each operator's engine and service (slow: run in a thread)."""
+        import warnings
+
         import torch
+        from transformers.utils import logging as transformers_logging
 
         from chain.contracts import Hub as HubClient
         from node.calibrate.cheaters import PrefillAttackEngine, TemperatureLieEngine
@@ -357,6 +360,8 @@ class Devnet:
 
         assert self.anvil is not None and self.hub is not None
         torch.set_num_threads(self.options.threads)
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")  # torch's int8 deprecation notice
         spec = get_model_spec(self.options.model)
         files = materialise_model(spec)
         tokenizer = ModelTokenizer(files.path, spec.chat)

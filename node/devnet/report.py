@@ -19,7 +19,7 @@ SLASH_THRESHOLD = 0.99  # HubConfig's default slash_threshold
 
 
 def _eth(wei: int) -> str:
-    return f"{wei / 1e18:.3f} ETH"
+    return f"{wei / 1e18:.3f}"
 
 
 def render_state(state: NetworkState, events: bool = True) -> Group:
@@ -27,10 +27,10 @@ def render_state(state: NetworkState, events: bool = True) -> Group:
     elapsed = time.monotonic() - state.started
     head = Text.assemble(("verinfer devnet", "bold"), f"  {state.phase}  ·  block {state.block}  ·  "
                          f"{elapsed:5.0f} s  ·  contract {state.contract or '-'}")
-    ops = Table(title="operators", title_justify="left", expand=False)
-    for column in ("operator", "really does", "requests", "valid", "invalid", "open", "P(spoofer)", "stake",
-                   "earned", "standing"):
-        text = column in ("operator", "really does", "standing")
+    ops = Table(title="operators (stake and earnings in ETH)", title_justify="left", expand=False)
+    for column in ("operator", "really does", "asked", "valid", "invalid", "open", "P(spoofer)", "stake",
+                   "earned", "status"):
+        text = column in ("operator", "really does", "status")
         ops.add_column(column, justify="left" if text else "right", no_wrap=True)
     for o in state.operators:
         requests = sum(1 for r in state.inferences if r.operator == o.kind)
@@ -41,7 +41,7 @@ def render_state(state: NetworkState, events: bool = True) -> Group:
                     str(state.count(o.kind, "INVALID") + state.count(o.kind, "FRAUD")), str(pending),
                     f"{o.spoof_p:.3g}", _eth(o.stake), _eth(o.credits), standing)
     vals = Table(title="validators", title_justify="left", expand=False)
-    for column in ("validator", "address", "votes", "stake", "earned", "health"):
+    for column in ("validator", "address", "votes", "stake", "earned", "health"):  # amounts in ETH
         vals.add_column(column, justify="right" if column in ("votes", "stake", "earned") else "left", no_wrap=True)
     for v in state.validators:
         vals.add_row(f"validator-{v.index}", v.address, str(v.votes), _eth(v.stake), _eth(v.credits),
