@@ -64,7 +64,8 @@ app.add_typer(calibrate_app, name="calibrate")
 @calibrate_app.command("run")
 def calibrate_run(
     model: str = typer.Option("smollm2-135m-instruct", help="The claimed model to calibrate."),
-    out: Path = typer.Option(Path("docs/calibration/smollm2-135m-instruct.float32"), help="Run folder (resumable)."),
+    dtype: str = typer.Option("float32", help="The claimed precision: float32 or bfloat16 (the validator: fp32)."),
+    out: Path = typer.Option(None, help="Run folder, resumable (default docs/calibration/<model>.<dtype>)."),
     honest: int = typer.Option(300, help="Honest run specs (batch4 specs yield four runs each)."),
     per_attack: int = typer.Option(16, help="Runs per attack."),
     tokens: int = typer.Option(64, help="Generated tokens per run (prefixes 16/32/64/128 are measured)."),
@@ -76,15 +77,19 @@ def calibrate_run(
     from rich.progress import Progress
 
     from node.calibrate.lab import build_lab
-    from node.calibrate.runs import ATTACKS, plan_runs, run_calibration
+    from node.calibrate.runs import attacks_for, plan_runs, run_calibration
 
+    if dtype not in ("float32", "bfloat16"):
+        raise typer.BadParameter("dtype must be float32 or bfloat16")
+    out = out or Path("docs/calibration") / f"{model}.{dtype}"
     logging.basicConfig(level=logging.WARNING)
-    lab, available = build_lab(model, tokens, with_gemma=gemma and per_attack > 0)
+    lab, available = build_lab(model, tokens, with_gemma=gemma and per_attack > 0, dtype=dtype)
     chosen = tuple(v for v in variants.split(",") if v) or available
     if not set(chosen) <= set(available):
         raise typer.BadParameter(f"variants {chosen} not all available here: {available}")
-    specs = [s for s in plan_runs(honest, per_attack, chosen) if gemma or "gemma" not in s.name]
-    console.print(f"{len(specs)} run specs; honest variants {chosen}; attacks {len(ATTACKS)}")
+    attacks = attacks_for(dtype)
+    specs = [s for s in plan_runs(honest, per_attack, chosen, attacks) if gemma or "gemma" not in s.name]
+    console.print(f"{len(specs)} run specs; claimed {dtype}; honest variants {chosen}; attacks {len(attacks)}")
     with Progress(console=console) as progress:
         task = progress.add_task("calibrating", total=None)
         ran = run_calibration(lab, out / runs_file, specs,
@@ -95,7 +100,8 @@ def calibrate_run(
 @calibrate_app.command("sweep")
 def calibrate_sweep(
     model: str = typer.Option("smollm2-135m-instruct", help="The claimed model."),
-    out: Path = typer.Option(Path("docs/calibration/smollm2-135m-instruct.float32"), help="Run folder."),
+    dtype: str = typer.Option("float32", help="The claimed precision: float32 or bfloat16."),
+    out: Path = typer.Option(None, help="Run folder (default docs/calibration/<model>.<dtype>)."),
     runs: int = typer.Option(10, help="Runs per sweep variant."),
     tokens: int = typer.Option(64, help="Generated tokens per run."),
 ) -> None:
@@ -106,7 +112,8 @@ def calibrate_sweep(
     from node.calibrate.sweep import run_sweep
 
     logging.basicConfig(level=logging.WARNING)
-    lab, _ = build_lab(model, tokens, with_gemma=False)
+    out = out or Path("docs/calibration") / f"{model}.{dtype}"
+    lab, _ = build_lab(model, tokens, with_gemma=False, dtype=dtype)
     with Progress(console=console) as progress:
         task = progress.add_task("sweep", total=None)
         ran = run_sweep(lab, out / "runs-sweep.jsonl", runs,
@@ -118,7 +125,7 @@ def calibrate_sweep(
 def calibrate_fit(
     model: str = typer.Option("smollm2-135m-instruct", help="The calibrated model."),
     dtype: str = typer.Option("float32", help="The calibrated dtype."),
-    runs: Path = typer.Option(Path("docs/calibration/smollm2-135m-instruct.float32"), help="Folder of runs*.jsonl."),
+    runs: Path = typer.Option(None, help="Folder of runs*.jsonl (default docs/calibration/<model>.<dtype>)."),
     report: Path = typer.Option(None, help="Report folder (default: the runs folder)."),
     write_profile: bool = typer.Option(True, help="Write config/profiles/<model>.<dtype>.toml."),
 ) -> None:
@@ -127,6 +134,7 @@ def calibrate_fit(
     from node.calibrate.runs import read_records
     from node.engines.models import REPO_ROOT
 
+    runs = runs or Path("docs/calibration") / f"{model}.{dtype}"
     records = [r for path in sorted(runs.glob("runs*.jsonl")) if path.name != "runs-sweep.jsonl"
                for r in read_records(path)]
     folder = report or runs

@@ -91,6 +91,12 @@ class Lab:
     prompts: list[str]
     tokens: int
     k: int = 5
+    honest: Any = None  # the engine at the claimed precision (default: the validator's, i.e. fp32 claims fp32)
+    dtype: str = "float32"  # the claimed precision
+
+    def __post_init__(self) -> None:
+        if self.honest is None:
+            self.honest = self.validator
 
     def request(self, spec: RunSpec, shift: int = 0) -> tuple[tuple[int, ...], SamplingParams, int, int]:
         """Return the prompt ids, declared params, user seed and inference id of a run."""
@@ -126,7 +132,7 @@ def honest_claims(lab: Lab, spec: RunSpec) -> list[Claim]:
         requests = [lab.request(spec, shift) for shift in range(4)]
         reqs = [GenerationRequest(ids, p, run_seed(us, iid + shift), lab.k)
                 for shift, (ids, p, us, iid) in enumerate(requests)]
-        gens = lab.validator.generate(reqs)
+        gens = lab.honest.generate(reqs)
         return [claim_from_generation(lab, r.prompt_ids, r.params, r.run_seed, g) for r, g in zip(reqs, gens,
                                                                                                strict=True)]
     ids, params, user_seed, iid = lab.request(spec)
@@ -135,7 +141,7 @@ def honest_claims(lab: Lab, spec: RunSpec) -> list[Claim]:
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            gen = generate(lab.validator, lab, ids, params, seed)
+            gen = generate(lab.honest, lab, ids, params, seed)
         finally:
             torch.set_num_threads(before)
     else:
@@ -164,8 +170,8 @@ def forge_leaf(sample: PositionSample, token: int, v: int, k: int) -> PositionSa
 
 def prefill_attack(lab: Lab, prompt_ids: tuple[int, ...], params: SamplingParams, seed: bytes,
                    cheap: tuple[int, ...], keep: str) -> Claim:
-    """Return the prefill attack's claim: cheap text, leaves and fingerprint from one real prefill."""
-    pre = lab.validator.prefill(prompt_ids, cheap)
+    """Return the prefill attack's claim: cheap text, leaves and fingerprint from one real prefill (claimed dtype)."""
+    pre = lab.honest.prefill(prompt_ids, cheap)
     v = compute_sampler_uniforms(seed, len(cheap))
     samples = []
     for i, token in enumerate(cheap):
@@ -195,14 +201,14 @@ def attack_claim(lab: Lab, spec: RunSpec) -> Claim:
         return claim_from_generation(lab, ids, params, seed, generate(lab.generators[name], lab, ids, params, seed))
     if name == "temperature-lie":
         actual = replace(params, temperature=max(params.temperature, 0.7) + 0.1)
-        return claim_from_generation(lab, ids, params, seed, generate(lab.validator, lab, ids, actual, seed))
+        return claim_from_generation(lab, ids, params, seed, generate(lab.honest, lab, ids, actual, seed))
     if name == "top-p-lie":
         actual = replace(params, top_p=0.9 if params.top_p == 1.0 else 0.95)
-        return claim_from_generation(lab, ids, params, seed, generate(lab.validator, lab, ids, actual, seed))
+        return claim_from_generation(lab, ids, params, seed, generate(lab.honest, lab, ids, actual, seed))
     if name == "system-prompt-injected":
         injected = lab.tokenizer.encode_chat([{"role": "system", "content": INJECTED_SYSTEM},
                                               {"role": "user", "content": lab.prompts[spec.index % len(lab.prompts)]}])
-        gen = generate(lab.validator, lab, injected, params, seed)
+        gen = generate(lab.honest, lab, injected, params, seed)
         return Claim(lab.header(ids, params, seed, len(gen.output_ids)), gen.positions(lab.k), gen.hidden)
     if name.startswith("prefill-"):
         cheap_source, keep = name.removeprefix("prefill-").split("/")
@@ -223,7 +229,7 @@ def attack_claim(lab: Lab, spec: RunSpec) -> Claim:
                                    [s.weights for s in samples], [s.raw_logprobs for s in samples])
         return Claim(lab.header(ids, params, seed, len(tokens)), positions, hidden)
     if name == "swapped-token":
-        gen = generate(lab.validator, lab, ids, params, seed)
+        gen = generate(lab.honest, lab, ids, params, seed)
         return swap_one_token(lab, claim_from_generation(lab, ids, params, seed, gen))
     if name == "fingerprint-other-precision":
         gen = generate(lab.validator, lab, ids, params, seed)
@@ -251,6 +257,12 @@ ATTACKS = ("other-model-tiny", "other-model-gemma", "int8", "bf16-as-fp32", "wei
            "prefill-int8/cheap-tokens", "prefill-int8/real-weights", "prefill-gemma/cheap-tokens",
            "prefill-gemma/real-weights", "temperature-lie", "top-p-lie", "system-prompt-injected", "swapped-token",
            "fingerprint-other-precision")
+PRECISION_ATTACKS = ("bf16-as-fp32", "fingerprint-other-precision")  # lower precision claimed as fp32
+
+
+def attacks_for(dtype: str) -> tuple[str, ...]:
+    """Return the attacks that are cheating for a claimed precision (running bf16 is no lie when bf16 is claimed)."""
+    return ATTACKS if dtype == "float32" else tuple(a for a in ATTACKS if a not in PRECISION_ATTACKS)
 
 
 # ---- the validator -----------------------------------------------------------------------------
@@ -297,13 +309,14 @@ def run_one(lab: Lab, spec: RunSpec) -> list[dict[str, Any]]:
     return records
 
 
-def plan_runs(honest: int, per_attack: int, variants: tuple[str, ...]) -> Iterator[RunSpec]:
+def plan_runs(honest: int, per_attack: int, variants: tuple[str, ...],
+              attacks: tuple[str, ...] = ATTACKS) -> Iterator[RunSpec]:
     """Yield honest runs (variants in rotation) interleaved with attack runs."""
     for i in range(max(honest, per_attack)):
         if i < honest:
             yield RunSpec("honest", variants[i % len(variants)], i)
         if i < per_attack:
-            for attack in ATTACKS:
+            for attack in attacks:
                 yield RunSpec("attack", attack, i)
 
 

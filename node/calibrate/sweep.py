@@ -38,10 +38,10 @@ def sweep_claim(lab: Lab, spec: RunSpec, engines: dict[str, Any]) -> tuple[Claim
     if spec.name in NOISE:
         gen = generate(engines[spec.name], lab, ids, declared, seed)
     elif spec.name in TEMPERATURE:
-        gen = generate(lab.validator, lab, ids, replace(declared, temperature=DECLARED_T + TEMPERATURE[spec.name]),
+        gen = generate(lab.honest, lab, ids, replace(declared, temperature=DECLARED_T + TEMPERATURE[spec.name]),
                        seed)
     else:
-        gen = generate(lab.validator, lab, ids, replace(declared, top_p=0.9), seed)
+        gen = generate(lab.honest, lab, ids, replace(declared, top_p=0.9), seed)
     return claim_from_generation(lab, ids, declared, seed, gen), ids, declared, user_seed, iid
 
 
@@ -61,7 +61,7 @@ def run_sweep(lab: Lab, path: Path, runs: int, progress: Any) -> int:
         done = {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
     specs = [RunSpec("sweep", name, i) for i in range(runs) for name in SWEEP]
     todo = [s for s in specs if s.key not in done]
-    engines = {name: make_noisy_engine(lab.validator, rel, seed=7) for name, rel in NOISE.items()} if todo else {}
+    engines = {name: make_noisy_engine(lab.honest, rel, seed=7) for name, rel in NOISE.items()} if todo else {}
     with path.open("a") as f:
         for n, spec in enumerate(todo):
             claim, ids, params, user_seed, iid = sweep_claim(lab, spec, engines)

@@ -1,0 +1,33 @@
+"""Calibration runs on the tiny model: the lab per claimed precision, the plan, and one honest and one attack run."""
+
+import pytest
+
+from node.calibrate.lab import build_lab
+from node.calibrate.runs import ATTACKS, PRECISION_ATTACKS, RunSpec, attacks_for, plan_runs, run_one
+
+
+def test_running_bf16_is_no_lie_when_bf16_is_claimed():
+    assert attacks_for("float32") == ATTACKS
+    assert set(attacks_for("bfloat16")) == set(ATTACKS) - set(PRECISION_ATTACKS)
+    specs = list(plan_runs(2, 1, ("threads2",), attacks_for("bfloat16")))
+    assert not {s.name for s in specs} & set(PRECISION_ATTACKS) and len(specs) == 2 + len(attacks_for("bfloat16"))
+
+
+@pytest.fixture(scope="module")
+def bf16_lab():
+    return build_lab("tiny-llama", 16, with_gemma=False, dtype="bfloat16")[0]
+
+
+def test_a_bf16_lab_generates_in_bf16_and_validates_in_fp32(bf16_lab):
+    assert bf16_lab.honest.info.dtype == "bfloat16" and bf16_lab.validator.info.dtype == "float32"
+    assert bf16_lab.generators["threads2"] is bf16_lab.honest and "bf16-as-fp32" not in bf16_lab.generators
+
+
+@pytest.mark.parametrize("spec", [RunSpec("honest", "threads1", 3), RunSpec("honest", "batch4", 0),
+                                  RunSpec("attack", "temperature-lie", 1)], ids=lambda s: s.key)
+def test_bf16_runs_pass_stage_1_and_record_every_prefix(bf16_lab, spec):
+    records = run_one(bf16_lab, spec)
+    assert len(records) == (4 if spec.name == "batch4" else 1)
+    for record in records:
+        assert set(record["lengths"]) == {"16"} and record["lengths"]["16"]["stage1"] == "OK"
+        assert record["lengths"]["16"]["weight_error_max"] >= 0
