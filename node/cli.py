@@ -72,6 +72,7 @@ def calibrate_run(
     gemma: bool = typer.Option(True, help="Include the Gemma-3-270M attacks (slow: 262k vocabulary)."),
     variants: str = typer.Option("", help="Comma-separated honest variants to run (default: all available)."),
     runs_file: str = typer.Option("runs.jsonl", help="Records file inside OUT (one per process)."),
+    start: int = typer.Option(0, min=0, help="First run index (another campaign: other prompts, params, seeds)."),
 ) -> None:
     """Generate honest and attack runs and record every signal (appends to OUT/runs.jsonl; resumes)."""
     from rich.progress import Progress
@@ -88,7 +89,7 @@ def calibrate_run(
     if not set(chosen) <= set(available):
         raise typer.BadParameter(f"variants {chosen} not all available here: {available}")
     attacks = attacks_for(dtype)
-    specs = [s for s in plan_runs(honest, per_attack, chosen, attacks) if gemma or "gemma" not in s.name]
+    specs = [s for s in plan_runs(honest, per_attack, chosen, attacks, start) if gemma or "gemma" not in s.name]
     console.print(f"{len(specs)} run specs; claimed {dtype}; honest variants {chosen}; attacks {len(attacks)}")
     with Progress(console=console) as progress:
         task = progress.add_task("calibrating", total=None)

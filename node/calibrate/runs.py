@@ -310,14 +310,18 @@ def run_one(lab: Lab, spec: RunSpec) -> list[dict[str, Any]]:
 
 
 def plan_runs(honest: int, per_attack: int, variants: tuple[str, ...],
-              attacks: tuple[str, ...] = ATTACKS) -> Iterator[RunSpec]:
-    """Yield honest runs (variants in rotation) interleaved with attack runs."""
+              attacks: tuple[str, ...] = ATTACKS, start: int = 0) -> Iterator[RunSpec]:
+    """Yield honest runs (variants in rotation) interleaved with attack runs, indices from start.
+
+    Another start gives other prompts, params and seeds: a second campaign (longer runs, say) never
+    repeats the first one's generations under the same keys.
+    """
     for i in range(max(honest, per_attack)):
         if i < honest:
-            yield RunSpec("honest", variants[i % len(variants)], i)
+            yield RunSpec("honest", variants[i % len(variants)], start + i)
         if i < per_attack:
             for attack in attacks:
-                yield RunSpec("attack", attack, i)
+                yield RunSpec("attack", attack, start + i)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

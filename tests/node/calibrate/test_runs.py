@@ -31,3 +31,9 @@ def test_bf16_runs_pass_stage_1_and_record_every_prefix(bf16_lab, spec):
     for record in records:
         assert set(record["lengths"]) == {"16"} and record["lengths"]["16"]["stage1"] == "OK"
         assert record["lengths"]["16"]["weight_error_max"] >= 0
+
+
+def test_a_second_campaign_never_reuses_the_first_ones_keys():
+    first = {s.key for s in plan_runs(50, 4, ("threads2", "batch4"))}
+    second = {s.key for s in plan_runs(50, 4, ("threads2", "batch4"), start=10_000)}
+    assert len(second) == len(first) and not first & second
