@@ -35,7 +35,9 @@ COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_ma
 ORDER = ("weight_error_max", "sampler_margin_max", "logprob_distance_max", "candidate_mismatch_rate", "distance2",
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
          "fingerprint_sign_mismatches_max")
-TOPLOC = {"fingerprint_exponent_mismatches_max": 38, "fingerprint_mantissa_mean_max": 10.0}
+BASELINE_ONLY = ("fingerprint_mantissa_median_max",)  # recorded since the bf16 campaign; TOPLOC's baseline uses it
+TOPLOC = {"fingerprint_exponent_mismatches_max": 38, "fingerprint_mantissa_mean_max": 10.0,
+          "fingerprint_mantissa_median_max": 8.0}
 SELECTABLE = tuple(name for name in ORDER if not name.startswith("fingerprint_"))
 SAFETY = 4.0
 
@@ -84,8 +86,8 @@ def first_violation(signals: dict[str, Any], thresholds: dict[str, float], use_s
         return f"stage1:{signals['stage1']}"
     if signals.get("fingerprint_error"):
         return f"fingerprint:{signals['fingerprint_error']}"
-    for name in ORDER:
-        if name in thresholds and float(signals[name]) > thresholds[name]:
+    for name in (*ORDER, *BASELINE_ONLY):
+        if name in thresholds and name in signals and float(signals[name]) > thresholds[name]:
             return name
     return ""
 

@@ -84,6 +84,7 @@ class Stage2Measurements:
         out: dict[str, float | int] = {k: v for k, v in self.__dict__.items() if k != "fingerprint"}
         out["fingerprint_exponent_mismatches_max"] = worst.exponent_mismatches if worst else 0
         out["fingerprint_mantissa_mean_max"] = max((m.mantissa_error_mean for m in self.fingerprint), default=0.0)
+        out["fingerprint_mantissa_median_max"] = max((m.mantissa_error_median for m in self.fingerprint), default=0.0)
         out["fingerprint_sign_mismatches_max"] = max((m.sign_mismatches for m in self.fingerprint), default=0)
         return out
 

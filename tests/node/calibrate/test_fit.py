@@ -123,3 +123,13 @@ def test_sweep_tokens_follow_the_geometric_rule():
     rows = [{"name": "noise-1pct", "weight_errors": [0.1, 0.0, 0.1, 0.0] * 16}]
     row = next(r for r in summarise_sweep(rows, 0.05) if r["variant"] == "noise-1pct")
     assert row["q"] == 0.5 and row["detected"] == {"16": 1, "32": 1, "64": 1}
+
+
+def test_the_toploc_baseline_applies_the_median_only_where_it_was_recorded():
+    from node.calibrate.fit import TOPLOC, first_violation
+
+    old = {"stage1": "OK", "fingerprint_exponent_mismatches_max": 0, "fingerprint_mantissa_mean_max": 1.0}
+    assert first_violation(old, dict(TOPLOC), use_stage1=False) == ""
+    assert first_violation({**old, "fingerprint_mantissa_median_max": 9.0}, dict(TOPLOC), use_stage1=False) \
+        == "fingerprint_mantissa_median_max"
+    assert first_violation({**old, "fingerprint_mantissa_median_max": 8.0}, dict(TOPLOC), use_stage1=False) == ""
