@@ -10,9 +10,10 @@ confirmer, which looks for the receipt of any transaction this journal signed at
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eth_account.signers.local import LocalAccount
@@ -76,6 +77,8 @@ class TxManager:
     bump: float = 1.125
     gas_margin: float = 1.5
     max_fee_cap: int = 500 * 10**9
+    # one nonce per transaction even when several threads send (a daemon's quorum and fraud-proof duties)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def next_nonce(self) -> int:
         """Return the next nonce: past both the chain's pending count and every journaled nonce."""
@@ -85,6 +88,10 @@ class TxManager:
 
     def prepare(self, fn: Any, value: int = 0, purpose: str = "") -> dict[str, Any]:
         """Sign a contract call at the next nonce and journal it (synced) without sending."""
+        with self._lock:
+            return self._prepare(fn, value, purpose)
+
+    def _prepare(self, fn: Any, value: int, purpose: str) -> dict[str, Any]:
         try:
             nonce = self.next_nonce()
             tx = fn.build_transaction({"from": self.account.address, "value": value, "nonce": nonce})
@@ -101,9 +108,10 @@ class TxManager:
 
     def send(self, fn: Any, value: int = 0, purpose: str = "") -> dict[str, Any]:
         """Journal then broadcast a contract call; return its journal entry."""
-        entry = self.prepare(fn, value, purpose)
-        self._broadcast(entry["raw"][-1])
-        return entry
+        with self._lock:
+            entry = self.prepare(fn, value, purpose)
+            self._broadcast(entry["raw"][-1])
+            return entry
 
     def resume(self) -> list[dict[str, Any]]:
         """After a restart: re-send every pending journaled transaction, byte for byte."""
@@ -114,6 +122,10 @@ class TxManager:
 
     def bump_fees(self, nonce: int) -> dict[str, Any]:
         """Replace a stuck transaction at the same nonce with fees raised by `bump` (up to the cap)."""
+        with self._lock:
+            return self._bump_fees(nonce)
+
+    def _bump_fees(self, nonce: int) -> dict[str, Any]:
         entry = self.journal.journal_get(nonce)
         if entry is None or entry["status"] != PENDING:
             raise TxFailed(f"no pending transaction at nonce {nonce}")

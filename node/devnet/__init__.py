@@ -29,7 +29,8 @@ async def _run(devnet: Devnet, console: Console) -> None:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
-    loop.add_signal_handler(signal.SIGTERM, main.cancel)  # SIGINT: asyncio.run cancels the main task itself
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also where SIGINT was inherited as ignored (a background job)
+        loop.add_signal_handler(sig, main.cancel)
     echo = None if console.is_terminal else asyncio.create_task(_echo_events(devnet.state, console))
     try:
         await devnet.run()

@@ -355,10 +355,13 @@ class ValidatorNode:
     async def _submit_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             job, record, fraud = await self.verdicts.get()
+            if fraud is not None:  # certain and slashing at once: first, and whatever becomes of the vote
+                try:
+                    await asyncio.to_thread(self._prove_fraud, job, fraud)
+                except ChainError as exc:
+                    log.warning("fraud proof failed: %s", exc, extra={"inference_id": record.inference_id})
             try:
                 await asyncio.to_thread(self._sign_and_submit, job, record)
-                if fraud is not None:
-                    await asyncio.to_thread(self._prove_fraud, job, fraud)
             except ConflictingVerdict:
                 self.healthy = False
                 self.metrics.healthy.set(0)

@@ -95,3 +95,24 @@ def test_the_journal_lives_in_leveldb_across_restarts(anvil: Anvil, tmp_path: Pa
         tm.resume()
         assert tm.confirm(entry["nonce"])["transactionHash"].to_0x_hex() == entry["hashes"][0]
         assert store.journal_get(entry["nonce"])["status"] == CONFIRMED
+
+
+def test_threads_sending_at_once_get_one_nonce_each(anvil_net: Net) -> None:
+    import threading
+
+    tm = manager(anvil_net, MemoryJournal())
+    start = nonce_of(anvil_net)
+    entries: list[dict] = []
+    barrier = threading.Barrier(4)
+
+    def send() -> None:
+        barrier.wait()
+        entries.append(tm.send(bond_call(anvil_net), value=STAKE, purpose="top-up"))
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(e["nonce"] for e in entries) == list(range(start, start + 4))
+    assert all(tm.confirm(e["nonce"])["status"] == 1 for e in entries)

@@ -25,9 +25,13 @@ def _children(pid: int) -> list[psutil.Process]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_devnet_leaves_no_process_and_no_locked_store(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "devnet"
+
+    def as_a_background_job() -> None:  # a shell's background job inherits SIGINT ignored: it must still stop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     devnet = subprocess.Popen([sys.executable, "-m", "node.cli", "devnet", "--rounds", "4", "--validators", "2",
                                "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+                              start_new_session=True, preexec_fn=as_a_background_job)
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 300
