@@ -21,7 +21,7 @@ per mismatching position); its raw sum is reported separately.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -77,6 +77,7 @@ class Stage2Measurements:
     entropy_mean: float
     perplexity: float
     fingerprint: tuple[ChunkMeasurement, ...]
+    temperature_deviation: float = 0.0  # |T̂/T − 1|, pooled over positions (compute_temperature_deviation)
 
     def as_dict(self) -> dict[str, float | int]:
         """Return the scalar signals (fingerprint summarised by its worst chunk)."""
@@ -245,7 +246,7 @@ def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits
         candidate_mismatch_rate=nan, weight_error_max=float(errors.max()) if errors.size else 0.0,
         weight_error_mean=float(errors.mean()) if errors.size else 0.0, sampler_margin_max=nan,
         sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
-        fingerprint=fingerprint)
+        fingerprint=fingerprint, temperature_deviation=nan)
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
@@ -258,7 +259,36 @@ def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndar
     v = compute_sampler_uniforms(header.run_seed, n)
     rows = [measure_position_fast(logits[i], params, int(v[i]), int(positions.chosen[i]), positions.token_ids[i],
                              positions.weights[i], positions.raw_logprobs[i]) for i in range(n)]
-    return summarise(rows, fingerprint)
+    return replace(summarise(rows, fingerprint),
+                   temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits))
+
+
+TEMPERATURE_FIT_MIN_WEIGHT = 2**16  # pairs whose weights are this large: the floor's error is < 2e-5 in the log
+
+
+def compute_temperature_deviation(temperature: float, positions: Positions, logits: np.ndarray) -> float:
+    """Return |T̂/T − 1|, where 1/T̂ is the pooled slope of the committed log-weight ratios on the logit gaps.
+
+    Honest sampling at T puts ln(w_0/w_j) = (z_0 − z_j)/T for every pair of kept candidates, whatever
+    top-k/top-p keep; per-position noise (bf16 execution) averages out over the pairs, a temperature lie
+    does not. 0 where nothing can be measured (greedy decoding, fewer than two weighted candidates).
+    """
+    if temperature == 0.0 or len(positions) == 0:
+        return 0.0
+    n = len(positions)
+    w = positions.weights.astype(np.float64)
+    z = np.take_along_axis(np.asarray(logits[:n], dtype=np.float64), positions.token_ids.astype(np.int64), axis=1)
+    usable = (w[:, :1] >= TEMPERATURE_FIT_MIN_WEIGHT) & (w[:, 1:] >= TEMPERATURE_FIT_MIN_WEIGHT)
+    if not usable.any():
+        return 0.0
+    with np.errstate(divide="ignore"):
+        y = np.log(w[:, :1]) - np.log(w[:, 1:])
+    x = z[:, :1] - z[:, 1:]
+    sxx = float((x * x)[usable].sum())
+    sxy = float((x * y)[usable].sum())
+    if sxx <= 1e-12 or sxy <= 0.0:
+        return math.inf if sxx > 1e-12 else 0.0
+    return abs(sxx / (sxy * temperature) - 1.0)
 
 
 def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasurement, ...]) -> Stage2Measurements:

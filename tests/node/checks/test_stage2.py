@@ -160,3 +160,20 @@ def test_a_profile_deciding_on_an_unmeasured_signal_is_an_error_not_a_pass():
     assert not is_weight_error_only(with_surprisal)
     with pytest.raises(ValueError, match="not measured"):
         decide_stage2(m, with_surprisal)
+
+
+@pytest.mark.parametrize("declared, actual", [(0.7, 1.0), (1.0, 0.7), (0.7, 0.8)])
+def test_a_temperature_lie_shows_in_the_pooled_temperature_fit(tiny, declared, actual):
+    honest_header, honest_gen = generated(tiny, SamplingParams(declared))
+    lie_header, lie_gen = generated(tiny, SamplingParams(actual), declared=SamplingParams(declared))
+    honest = measure_stage2(honest_header, honest_gen.positions(5),
+                            tiny.engine.prefill(PROMPT, honest_gen.output_ids).logits)
+    lie = measure_stage2(lie_header, lie_gen.positions(5), tiny.engine.prefill(PROMPT, lie_gen.output_ids).logits)
+    assert honest.temperature_deviation < 1e-3  # the same engine: only the weights' integer floor
+    assert lie.temperature_deviation == pytest.approx(abs(actual / declared - 1), rel=0.05)
+
+
+def test_the_temperature_fit_is_silent_where_nothing_can_be_measured(tiny):
+    header, gen = generated(tiny, SamplingParams(0.0))
+    assert measure_stage2(header, gen.positions(5), tiny.engine.prefill(PROMPT, gen.output_ids).logits) \
+        .temperature_deviation == 0.0
