@@ -46,6 +46,7 @@ class Stage2Section(BaseModel):
     max_candidate_mismatch_rate: float
     max_surprisal_z: float
     max_distance2: float
+    max_temperature_deviation: float = float("inf")  # absent in profiles calibrated before it was measured
 
 
 class ModelProfile(BaseModel):

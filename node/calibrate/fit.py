@@ -9,7 +9,12 @@ length of the calibration half's honest runs:
 - sampler margin: four times the larger of the largest honest margin and the largest honest weight
   error (a margin below the numerical noise of the weights is noise);
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
-- surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling).
+- surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling);
+- pooled estimates (the temperature fit): at every length, the honest mean plus six standard deviations
+  (an estimate pooled over many pairs is close to normal across runs: six sigma is ~1e-9 one-sided),
+  and never below 1.25 times the largest honest value. A max-based safety factor would bury them:
+  under bf16 noise a lie moves the fit by 0.1 where honest runs spread by ~0.01.
+A signal some honest records lack (recorded only by later campaigns) gets no threshold (inf).
 Then the distribution signals are selected on the calibration half too (the fingerprint, the
 activation commitment, is always kept): going from the least specific signal up, a signal whose
 every rejection of an attack run is also made by the signals kept is dropped (its threshold
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,7 +38,10 @@ LENGTHS = ("16", "32", "64", "128")
 MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate", "distance2",
               "fingerprint_mantissa_mean_max")
 COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
-ORDER = ("weight_error_max", "sampler_margin_max", "logprob_distance_max", "candidate_mismatch_rate", "distance2",
+POOLED = ("temperature_deviation",)
+POOLED_SIGMAS = 6.0
+ORDER = ("weight_error_max", "temperature_deviation", "sampler_margin_max", "logprob_distance_max",
+         "candidate_mismatch_rate", "distance2",
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
          "fingerprint_sign_mismatches_max")
 BASELINE_ONLY = ("fingerprint_mantissa_median_max",)  # recorded since the bf16 campaign; TOPLOC's baseline uses it
@@ -61,12 +70,25 @@ def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
     honest = [s for _, _, s in rows(records, "honest", True) if s["stage1"] == "OK"]
     if not honest:
         raise ValueError("no honest calibration runs")
-    top = {name: max(float(s[name]) for s in honest) for name in ORDER}
+    top = {name: max(float(s[name]) for s in honest) for name in ORDER if all(name in s for s in honest)}
     out = {name: SAFETY * top[name] for name in MAGNITUDES}
     out.update({name: 2 * top[name] + 1 for name in COUNTS})
     out["sampler_margin_max"] = SAFETY * max(top["sampler_margin_max"], top["weight_error_max"])
     out["surprisal_z"] = top["surprisal_z"] + 2
+    for name in POOLED:
+        out[name] = choose_pooled_threshold(records, name) if name in top else math.inf
     return out
+
+
+def choose_pooled_threshold(records: list[dict[str, Any]], name: str) -> float:
+    """Return max over lengths of (honest mean + POOLED_SIGMAS sd), at least 1.25 × the largest honest value."""
+    by_length: dict[str, list[float]] = {}
+    for _, length, s in rows(records, "honest", True):
+        if s["stage1"] == "OK" and math.isfinite(float(s[name])):
+            by_length.setdefault(length, []).append(float(s[name]))
+    bounds = [statistics.fmean(v) + POOLED_SIGMAS * statistics.pstdev(v) for v in by_length.values() if len(v) > 1]
+    largest = max((max(v) for v in by_length.values()), default=0.0)
+    return max([*bounds, 1.25 * largest])
 
 
 def select_signals(records: list[dict[str, Any]], thresholds: dict[str, float]) -> dict[str, float]:

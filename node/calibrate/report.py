@@ -25,6 +25,7 @@ PROFILE_KEYS = {
     "weight_error_max": "max_weight_error", "sampler_margin_max": "max_sampler_margin",
     "logprob_distance_max": "max_logprob_distance", "candidate_mismatch_rate": "max_candidate_mismatch_rate",
     "surprisal_z": "max_surprisal_z", "distance2": "max_distance2",
+    "temperature_deviation": "max_temperature_deviation",
 }
 
 
@@ -48,7 +49,8 @@ def write_plots(records: list[dict[str, Any]], thresholds: dict[str, float], fol
         if n == length and not s.get("fingerprint_error"):
             group = "honest" if r["kind"] == "honest" else r["name"]
             for name in ORDER:
-                groups.setdefault(name, {}).setdefault(group, []).append(float(s[name]))
+                if name in s:
+                    groups.setdefault(name, {}).setdefault(group, []).append(float(s[name]))
     names = []
     for name, by_group in groups.items():
         labels = ["honest", *sorted(g for g in by_group if g != "honest")]
@@ -113,7 +115,9 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     cal_honest = [s for _, _, s in rows(records, "honest", True)]
     for name in ORDER:
         used = "yes" if math.isfinite(thresholds[name]) else "reported only"
-        lines.append(f"| {name} | {chosen[name]:.6g} | {used} | {max(float(s[name]) for s in cal_honest):.6g} |")
+        recorded = [float(s[name]) for s in cal_honest if name in s]
+        largest = f"{max(recorded):.6g}" if recorded else "not recorded"
+        lines.append(f"| {name} | {chosen[name]:.6g} | {used} | {largest} |")
     lines += ["", "## False positives (held-out honest runs)", "",
               "| tokens | rejected | 95 % upper bound |", "|---:|---:|---:|"]
     for n, r in honest_n.items():

@@ -28,6 +28,7 @@ class Stage2Thresholds:
     max_surprisal_z: float
     max_distance2: float
     fingerprint: FingerprintThresholds
+    max_temperature_deviation: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def compute_scores_digest(m: Stage2Measurements) -> bytes:
 
 
 def is_weight_error_only(t: Stage2Thresholds) -> bool:
-    """Check whether a profile decides stage 2 on the weight error alone (the others reported only)."""
+    """Check whether a profile decides stage 2 on what the hot path measures: weight error, temperature fit."""
     return all(math.isinf(x) for x in (t.max_sampler_margin, t.max_logprob_distance, t.max_candidate_mismatch_rate,
                                        t.max_distance2, t.max_surprisal_z))
 
@@ -59,6 +60,7 @@ def find_stage2_violation(m: Stage2Measurements, t: Stage2Thresholds) -> Reason:
     """Return the first signal over its threshold, or Reason.OK (a decided signal left unmeasured raises)."""
     checks = (
         (m.weight_error_max, t.max_weight_error, Reason.WEIGHT_ERROR),
+        (m.temperature_deviation, t.max_temperature_deviation, Reason.TEMPERATURE_FIT),
         (m.sampler_margin_max, t.max_sampler_margin, Reason.SAMPLER_MARGIN),
         (m.logprob_distance_max, t.max_logprob_distance, Reason.LOGPROB_DISTANCE),
         (m.candidate_mismatch_rate, t.max_candidate_mismatch_rate, Reason.CANDIDATE_MISMATCH),

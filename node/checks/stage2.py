@@ -238,7 +238,7 @@ def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: 
 
 def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
                             fingerprint: tuple[ChunkMeasurement, ...] = ()) -> Stage2Measurements:
-    """Return only what a weight-error profile decides on (the rest NaN): the validator's hot path."""
+    """Return only what the hot path decides on, weight error and temperature fit (the rest NaN)."""
     errors = measure_weight_errors(header, positions, logits)
     nan = math.nan
     return Stage2Measurements(
@@ -246,7 +246,8 @@ def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits
         candidate_mismatch_rate=nan, weight_error_max=float(errors.max()) if errors.size else 0.0,
         weight_error_mean=float(errors.mean()) if errors.size else 0.0, sampler_margin_max=nan,
         sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
-        fingerprint=fingerprint, temperature_deviation=nan)
+        fingerprint=fingerprint,
+        temperature_deviation=compute_temperature_deviation(header.params.temperature, positions, logits))
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,

@@ -71,6 +71,7 @@ class Reason(IntEnum):
     CANDIDATE_MISMATCH = 507
     SURPRISAL = 508
     DISTANCE2 = 509
+    TEMPERATURE_FIT = 510
 
     # 6xx: node operation (typed errors of the daemon; never the reason of a signed verdict)
     STORE_LOCKED = 600

@@ -1,10 +1,12 @@
 import math
+import statistics
 import tomllib
 
 import pytest
 
 from node.calibrate.fit import (
     ORDER,
+    choose_pooled_threshold,
     choose_thresholds,
     first_violation,
     held_out_rates,
@@ -133,3 +135,32 @@ def test_the_toploc_baseline_applies_the_median_only_where_it_was_recorded():
     assert first_violation({**old, "fingerprint_mantissa_median_max": 9.0}, dict(TOPLOC), use_stage1=False) \
         == "fingerprint_mantissa_median_max"
     assert first_violation({**old, "fingerprint_mantissa_median_max": 8.0}, dict(TOPLOC), use_stage1=False) == ""
+
+
+def _pooled_records(values_by_length):
+    records = []
+    for i, values in enumerate(zip(*values_by_length.values(), strict=True)):
+        key = next(f"honest/x/{j}" for j in range(i * 1000, i * 1000 + 1000) if is_calibration_split(f"honest/x/{j}"))
+        records.append({"key": key, "kind": "honest", "name": "x",
+                        "lengths": {n: {"stage1": "OK", "temperature_deviation": v}
+                                    for n, v in zip(values_by_length, values, strict=True)}})
+    return records
+
+
+def test_a_pooled_threshold_is_six_sigma_over_the_noisiest_length_and_above_every_honest_value():
+    sixteen = [0.01, 0.03, 0.05, 0.02, 0.04]
+    sixty_four = [0.005, 0.01, 0.012, 0.008, 0.009]
+    t = choose_pooled_threshold(_pooled_records({"16": sixteen, "64": sixty_four}), "temperature_deviation")
+    assert t == pytest.approx(statistics.fmean(sixteen) + 6 * statistics.pstdev(sixteen))
+    constant = choose_pooled_threshold(_pooled_records({"16": [0.02] * 5}), "temperature_deviation")
+    assert constant == pytest.approx(1.25 * 0.02)  # zero spread: never below the honest values
+
+
+def test_a_signal_older_records_lack_gets_no_threshold():
+    base = {"stage1": "OK", **{k: 0.1 for k in ("weight_error_max", "sampler_margin_max", "logprob_distance_max",
+                                                "candidate_mismatch_rate", "distance2", "surprisal_z",
+                                                "fingerprint_exponent_mismatches_max",
+                                                "fingerprint_mantissa_mean_max", "fingerprint_sign_mismatches_max")}}
+    records = [{"key": r["key"], "kind": "honest", "name": "x", "lengths": {"16": dict(base)}}
+               for r in _pooled_records({"16": [0.0] * 3})]
+    assert choose_thresholds(records)["temperature_deviation"] == float("inf")

@@ -1,11 +1,13 @@
 import dataclasses
 import math
 
-from node.checks.decision import Stage2Thresholds, compute_scores_digest, decide_stage2
+from node.checks.decision import Stage2Thresholds, compute_scores_digest, decide_stage2, is_weight_error_only
 from node.checks.fingerprint import FingerprintThresholds
-from node.checks.stage2 import Stage2Measurements
+from node.checks.stage2 import Stage2Measurements, measure_stage2, measure_stage2_decision
 from node.errors import Reason
 from node.protocol.fingerprint import ChunkMeasurement
+from node.protocol.sampler import SamplingParams
+from tests.node.checks.test_stage2 import PROMPT, generated
 
 CLEAN = Stage2Measurements(positions=16, distance2=0.0, logprob_distance_sum=0.0, logprob_distance_max=0.0,
                            candidate_mismatch_rate=0.0, weight_error_max=1e-6, weight_error_mean=1e-7,
@@ -43,3 +45,18 @@ def test_scores_digest_binds_the_numbers():
     assert compute_scores_digest(CLEAN) == compute_scores_digest(dataclasses.replace(CLEAN))
     assert compute_scores_digest(CLEAN) != compute_scores_digest(dataclasses.replace(CLEAN, weight_error_max=2e-6))
     assert len(compute_scores_digest(dataclasses.replace(CLEAN, surprisal_z=math.inf))) == 32
+
+
+def test_a_profile_deciding_on_the_temperature_fit_rejects_a_temperature_lie_on_the_hot_path(tiny):
+    header, gen = generated(tiny, SamplingParams(1.0), declared=SamplingParams(0.7))
+    logits = tiny.engine.prefill(PROMPT, gen.output_ids).logits
+    fast = measure_stage2_decision(header, gen.positions(5), logits)
+    assert fast.temperature_deviation == measure_stage2(header, gen.positions(5), logits).temperature_deviation
+    inf = math.inf
+    off = Stage2Thresholds(max_weight_error=inf, max_sampler_margin=inf, max_logprob_distance=inf,
+                           max_candidate_mismatch_rate=inf, max_surprisal_z=inf, max_distance2=inf,
+                           fingerprint=FingerprintThresholds(10**6, 1e6, 1e6, 10**6))
+    strict = dataclasses.replace(off, max_temperature_deviation=0.1)
+    assert is_weight_error_only(strict)  # the hot path measures it: no full measurement needed
+    assert decide_stage2(fast, off).reason is Reason.OK
+    assert decide_stage2(fast, strict).reason is Reason.TEMPERATURE_FIT
