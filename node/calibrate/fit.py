@@ -3,17 +3,18 @@
 Runs are split by a hash of their key into a calibration half (thresholds are chosen there) and a
 held-out half (error rates are reported there). Threshold rule, per signal, over every prefix
 length of the calibration half's honest runs:
-- error magnitudes (weight error, logprob distance, candidate mismatch, distance2, fingerprint
-  mantissa): four times the largest honest value (numerical noise has a longer tail than a few
-  hundred runs show; the attacks measured sit 10^3-10^5 above it, so the margin costs nothing);
+- error magnitudes (weight error, logprob distance, candidate mismatch, fingerprint mantissa): four
+  times the largest honest value (numerical noise has a longer tail than a few hundred runs show;
+  in fp32 the attacks measured sit 10^3-10^5 above it, so the margin costs nothing);
 - sampler margin: four times the larger of the largest honest margin and the largest honest weight
   error (a margin below the numerical noise of the weights is noise);
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
 - surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling);
-- pooled estimates (the temperature fit): at every length, the honest mean plus six standard deviations
-  (an estimate pooled over many pairs is close to normal across runs: six sigma is ~1e-9 one-sided),
-  and never below 1.25 times the largest honest value. A max-based safety factor would bury them:
-  under bf16 noise a lie moves the fit by 0.1 where honest runs spread by ~0.01.
+- pooled estimates (the temperature fit, distance2: averages over positions): at every length, the
+  honest mean plus six standard deviations (an average over many positions is close to normal
+  across runs: six sigma is ~1e-9 one-sided), and never below 1.25 times the largest honest value.
+  A max-based safety factor would bury them: under bf16 noise a temperature lie moves the fit by
+  0.1 where honest runs spread by ~0.01.
 A signal some honest records lack (recorded only by later campaigns) gets no threshold (inf).
 Then the distribution signals are selected on the calibration half too (the fingerprint, the
 activation commitment, is always kept): going from the least specific signal up, a signal whose
@@ -35,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LENGTHS = ("16", "32", "64", "128")
-MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate", "distance2",
+MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate",
               "fingerprint_mantissa_mean_max")
 COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
-POOLED = ("temperature_deviation",)
+POOLED = ("temperature_deviation", "distance2")  # means over positions: near-normal across runs
 POOLED_SIGMAS = 6.0
 ORDER = ("weight_error_max", "temperature_deviation", "sampler_margin_max", "logprob_distance_max",
          "candidate_mismatch_rate", "distance2",
