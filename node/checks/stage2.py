@@ -272,11 +272,15 @@ def compute_temperature_deviation(temperature: float, positions: Positions, logi
 
     Honest sampling at T puts ln(w_0/w_j) = (z_0 − z_j)/T for every pair of kept candidates, whatever
     top-k/top-p keep; per-position noise (bf16 execution) averages out over the pairs, a temperature lie
-    does not. 0 where nothing can be measured (greedy decoding, fewer than two weighted candidates).
+    does not. Greedy decoding has no noise to average: its canonical weights are exactly one-hot, so any
+    other leaf is infinitely far (inf); 0 where nothing can be measured (fewer than two weighted candidates).
     """
-    if temperature == 0.0 or len(positions) == 0:
-        return 0.0
     n = len(positions)
+    if n == 0:
+        return 0.0
+    if temperature == 0.0:
+        one_hot = (positions.weights[:, 0] == WEIGHT_MAX) & (positions.weights[:, 1:] == 0).all(axis=1)
+        return 0.0 if bool(one_hot.all()) else math.inf
     w = positions.weights.astype(np.float64)
     z = np.take_along_axis(np.asarray(logits[:n], dtype=np.float64), positions.token_ids.astype(np.int64), axis=1)
     usable = (w[:, :1] >= TEMPERATURE_FIT_MIN_WEIGHT) & (w[:, 1:] >= TEMPERATURE_FIT_MIN_WEIGHT)

@@ -173,7 +173,10 @@ def test_a_temperature_lie_shows_in_the_pooled_temperature_fit(tiny, declared, a
     assert lie.temperature_deviation == pytest.approx(abs(actual / declared - 1), rel=0.05)
 
 
-def test_the_temperature_fit_is_silent_where_nothing_can_be_measured(tiny):
+def test_greedy_claims_must_commit_one_hot_weights(tiny):
     header, gen = generated(tiny, SamplingParams(0.0))
-    assert measure_stage2(header, gen.positions(5), tiny.engine.prefill(PROMPT, gen.output_ids).logits) \
-        .temperature_deviation == 0.0
+    logits = tiny.engine.prefill(PROMPT, gen.output_ids).logits
+    assert measure_stage2(header, gen.positions(5), logits).temperature_deviation == 0.0
+    lie_header, lie = generated(tiny, SamplingParams(0.8), declared=SamplingParams(0.0))  # sampled, claimed greedy
+    lie_logits = tiny.engine.prefill(PROMPT, lie.output_ids).logits
+    assert measure_stage2(lie_header, lie.positions(5), lie_logits).temperature_deviation == math.inf
