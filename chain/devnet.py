@@ -46,6 +46,18 @@ def find_free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process_group(p: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM a process started in its own session and its whole group; SIGKILL them after the grace period."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+    try:
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 def dev_account(index: int) -> LocalAccount:
     """Return anvil's prefunded dev account `index` (public test keys, never for real funds)."""
     Account.enable_unaudited_hdwallet_features()
@@ -108,16 +120,8 @@ class Anvil:
     def stop(self, grace: float = 5.0) -> None:
         """Stop anvil and everything in its process group."""
         p, self.process = self.process, None
-        if p is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        if p is not None:
+            stop_process_group(p, grace)
 
     def web3(self) -> Web3:
         """Return a Web3 connected over HTTP."""

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from web3 import Web3
 
 from chain.contracts import Hub, HubConfig, ModelState, Params, Role, Status
 from chain.deploy import deploy
-from chain.devnet import Anvil, dev_account, find_free_port
+from chain.devnet import Anvil, dev_account, find_free_port, stop_process_group
 from chain.errors import ChainError
 from chain.txmanager import TxManager
 from node.engines.base import EngineInfo, Generation, GenerationRequest, Prefill
@@ -197,16 +196,8 @@ class ChildProcess:
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL it after the grace period."""
         p, self.process = self.process, None
-        if p is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        if p is not None:
+            stop_process_group(p, grace)
 
     def tail(self, lines: int = 15) -> str:
         """Return the end of its log."""
