@@ -140,6 +140,7 @@ class NetworkState:
     timeline: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     traffic_started: float | None = None
     durations: dict[str, float] = field(default_factory=dict)
+    model_rates: dict[str, float] = field(default_factory=dict)  # α and β as registered on chain
     events: list[str] = field(default_factory=list)
 
     def count(self, kind: str, status: str) -> int:
@@ -287,7 +288,7 @@ class Devnet:
         hub.register_model(admin, self.model_id, k, vocab, alpha, beta, int(opts.check_rate * WAD), profile_hash)
         hub.advance_model_to(admin, self.model_id, ModelState.PUNITIVE)
         self.state.contract, self.state.rpc_url = hub.address, self.anvil.url
-        self.state.durations["alpha"], self.state.durations["beta"] = alpha / WAD, beta / WAD
+        self.state.model_rates = {"alpha": alpha / WAD, "beta": beta / WAD}
         from node.p2p.host import compute_peer_id
 
         nodes = out / "nodes"

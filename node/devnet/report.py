@@ -108,8 +108,8 @@ def summarise_run(state: NetworkState, problems: list[str]) -> dict[str, Any]:
         "ok": not problems, "problems": problems,
         "options": json.loads(state.options.model_dump_json()),
         "chain": {"rpc_url": state.rpc_url, "contract": state.contract, "last_block": state.block},
-        "durations_s": {k: round(v, 3) for k, v in state.durations.items() if k.endswith("_s")},
-        "model_rates": {"alpha": state.durations.get("alpha"), "beta": state.durations.get("beta")},
+        "durations_s": {k: round(v, 3) for k, v in state.durations.items()},
+        "model_rates": state.model_rates,
         "latency_s": {
             "request_to_answer_mean": round(statistics.fmean(answer), 3) if answer else None,
             "answer_to_verdict_mean": round(statistics.fmean(latency), 3) if latency else None,
