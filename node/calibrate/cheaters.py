@@ -53,14 +53,10 @@ class PrefillAttackEngine:
 
 
 @dataclass
-class ForgedChoiceEngine:
-    """An honest generation whose chosen token at one position is swapped for another candidate afterwards.
-
-    The leaf is not re-forged, so stage 1 fails at that position: a fraud proof can slash it on chain.
-    """
+class _OnTheRealModel:
+    """A cheater built on the real model: claims its identity and prefills honestly."""
 
     honest: Engine
-    position: int = 1
 
     @property
     def info(self) -> EngineInfo:
@@ -71,6 +67,20 @@ class ForgedChoiceEngine:
     def vocab_size(self) -> int:
         """Return the vocabulary size."""
         return self.honest.vocab_size
+
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Prefill honestly."""
+        return self.honest.prefill(prompt_ids, output_ids)
+
+
+@dataclass
+class ForgedChoiceEngine(_OnTheRealModel):
+    """An honest generation whose chosen token at one position is swapped for another candidate afterwards.
+
+    The leaf is not re-forged, so stage 1 fails at that position: a fraud proof can slash it on chain.
+    """
+
+    position: int = 1
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate honestly, then change one chosen token."""
@@ -88,37 +98,18 @@ class ForgedChoiceEngine:
             out.append(Generation(tuple(ids), tuple(samples), gen.hidden, gen.finish_reason))
         return out
 
-    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
-        """Prefill honestly."""
-        return self.honest.prefill(prompt_ids, output_ids)
-
 
 @dataclass
-class TemperatureLieEngine:
+class TemperatureLieEngine(_OnTheRealModel):
     """The real model sampled at a temperature other than the declared one (declared + delta).
 
     The leaves are the ones the real model produced at the temperature actually used, so stage 1
     passes: only the weights' mismatch with the declared temperature gives it away (stage 2).
     """
 
-    honest: Engine
     delta: float = 0.3
-
-    @property
-    def info(self) -> EngineInfo:
-        """Claim the honest engine's identity."""
-        return self.honest.info
-
-    @property
-    def vocab_size(self) -> int:
-        """Return the vocabulary size."""
-        return self.honest.vocab_size
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate each request at its declared temperature + delta."""
         return self.honest.generate([replace(r, params=replace(r.params, temperature=r.params.temperature + self.delta))
                                      for r in requests])
-
-    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
-        """Prefill honestly."""
-        return self.honest.prefill(prompt_ids, output_ids)
