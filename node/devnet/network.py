@@ -340,7 +340,6 @@ class Devnet:
         import torch
         from transformers.utils import logging as transformers_logging
 
-        from chain.contracts import Hub as HubClient
         from node.calibrate.cheaters import PrefillAttackEngine, TemperatureLieEngine
         from node.calibrate.models import make_int8_engine
         from node.engines.models import get_model_spec, materialise_model
@@ -368,7 +367,7 @@ class Devnet:
             w3 = Web3(Web3.HTTPProvider(self.anvil.url))
             store = Store(self.options.out / "nodes" / f"operator-{op.kind}" / "data", 31337, self.hub.address)
             self._stores.append(store)
-            gate = ChainGate(HubClient(w3, self.hub.address), TxManager(w3, op.account, store), self.model_id)
+            gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store), self.model_id)
             op.service = ExecuterService(files, tokenizer, SerialEngine(engines[op.kind], lock),
                                          profile.fingerprint_thresholds(), gate=gate)
 
