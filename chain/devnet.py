@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -21,7 +22,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from chain.errors import ChainUnavailable, ToolMissing
+from chain.errors import ChainUnavailable, NoFreePort, ToolMissing
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,40 @@ def find_anvil() -> Path:
     raise ToolMissing("anvil not found: run scripts/setup (npm @foundry-rs/anvil) or set VERINFER_ANVIL")
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORT_FLOOR = 20000
+_issued_ports: set[int] = set()
+
+
+def read_ephemeral_floor() -> int:
+    """Return the lowest port the kernel hands to outgoing connections (32768 where unknown)."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def find_free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that was free a moment ago and was not handed out before.
+
+    Ports come from below the kernel's ephemeral range: a port bound to 0 is an ephemeral one, and
+    between choosing it and the server binding it any outgoing connection (an RPC call, a libp2p
+    dial) may take it as its source port.
+    """
+    ceiling = max(read_ephemeral_floor(), LISTEN_PORT_FLOOR + 1000)
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.randrange(LISTEN_PORT_FLOOR, ceiling)
+        if port in _issued_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _issued_ports.add(port)
+        return port
+    raise NoFreePort(f"no free TCP port on 127.0.0.1 in {LISTEN_PORT_FLOOR}..{ceiling - 1}")
 
 
 def stop_process_group(p: subprocess.Popen[bytes], grace: float) -> None:

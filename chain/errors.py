@@ -49,3 +49,9 @@ class ArtifactsStale(ChainError):
     """The committed contract artifacts do not match a fresh compile of contracts/src."""
 
     code = "artifacts_stale"
+
+
+class NoFreePort(ChainError):
+    """No loopback TCP port outside the kernel's ephemeral range could be bound."""
+
+    code = "no_free_port"
