@@ -47,6 +47,8 @@ class Stage2Section(BaseModel):
     max_surprisal_z: float
     max_distance2: float
     max_temperature_deviation: float = float("inf")  # absent in profiles calibrated before it was measured
+    max_temperature_t: float = float("inf")
+    max_kept_mass_shift: float = float("inf")
 
 
 class ModelProfile(BaseModel):

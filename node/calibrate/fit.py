@@ -10,7 +10,8 @@ length of the calibration half's honest runs:
   error (a margin below the numerical noise of the weights is noise);
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
 - surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling);
-- pooled estimates (the temperature fit, distance2: averages over positions): at every length, the
+- pooled estimates (the temperature fit and its t-value, the kept-mass shift, distance2: averages
+  over positions or standardised by their spread): at every length, the
   honest mean plus six standard deviations (an average over many positions is close to normal
   across runs: six sigma is ~1e-9 one-sided), and never below 1.25 times the largest honest value.
   A max-based safety factor would bury them: under bf16 noise a temperature lie moves the fit by
@@ -39,9 +40,10 @@ LENGTHS = ("16", "32", "64", "128")
 MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate",
               "fingerprint_mantissa_mean_max")
 COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
-POOLED = ("temperature_deviation", "distance2")  # means over positions: near-normal across runs
+POOLED = ("temperature_t", "kept_mass_shift", "temperature_deviation", "distance2")  # pooled over positions
 POOLED_SIGMAS = 6.0
-ORDER = ("weight_error_max", "temperature_deviation", "sampler_margin_max", "logprob_distance_max",
+ORDER = ("weight_error_max", "temperature_t", "kept_mass_shift", "temperature_deviation", "sampler_margin_max",
+         "logprob_distance_max",
          "candidate_mismatch_rate", "distance2",
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
          "fingerprint_sign_mismatches_max")

@@ -25,7 +25,8 @@ PROFILE_KEYS = {
     "weight_error_max": "max_weight_error", "sampler_margin_max": "max_sampler_margin",
     "logprob_distance_max": "max_logprob_distance", "candidate_mismatch_rate": "max_candidate_mismatch_rate",
     "surprisal_z": "max_surprisal_z", "distance2": "max_distance2",
-    "temperature_deviation": "max_temperature_deviation",
+    "temperature_deviation": "max_temperature_deviation", "temperature_t": "max_temperature_t",
+    "kept_mass_shift": "max_kept_mass_shift",
 }
 
 

@@ -29,6 +29,8 @@ class Stage2Thresholds:
     max_distance2: float
     fingerprint: FingerprintThresholds
     max_temperature_deviation: float = math.inf
+    max_temperature_t: float = math.inf
+    max_kept_mass_shift: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ def find_stage2_violation(m: Stage2Measurements, t: Stage2Thresholds) -> Reason:
     checks = (
         (m.weight_error_max, t.max_weight_error, Reason.WEIGHT_ERROR),
         (m.temperature_deviation, t.max_temperature_deviation, Reason.TEMPERATURE_FIT),
+        (m.temperature_t, t.max_temperature_t, Reason.TEMPERATURE_FIT),
+        (m.kept_mass_shift, t.max_kept_mass_shift, Reason.TOP_P_FIT),
         (m.sampler_margin_max, t.max_sampler_margin, Reason.SAMPLER_MARGIN),
         (m.logprob_distance_max, t.max_logprob_distance, Reason.LOGPROB_DISTANCE),
         (m.candidate_mismatch_rate, t.max_candidate_mismatch_rate, Reason.CANDIDATE_MISMATCH),

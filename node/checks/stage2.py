@@ -78,6 +78,8 @@ class Stage2Measurements:
     perplexity: float
     fingerprint: tuple[ChunkMeasurement, ...]
     temperature_deviation: float = 0.0  # |T̂/T − 1|, pooled over positions (compute_temperature_deviation)
+    temperature_t: float = 0.0  # |T̂⁻¹ − T⁻¹| over its standard error (compute_temperature_t)
+    kept_mass_shift: float = 0.0  # |mean mass kept against the declared top-k/top-p| (compute_kept_mass_shift)
 
     def as_dict(self) -> dict[str, float | int]:
         """Return the scalar signals (fingerprint summarised by its worst chunk)."""
@@ -201,13 +203,12 @@ def measure_position_fast(logits: np.ndarray, params: SamplingParams, v: int, ch
     )
 
 
-def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: np.ndarray) -> np.ndarray:
-    """Return every position's weight error in a few vectorised passes (the decision path: no sort, no logs).
+def compute_own_candidate_weights(params: SamplingParams, positions: Positions, logits: np.ndarray) -> np.ndarray:
+    """Return the validator's integer weights of every position's committed candidates (vectorised where unmasked).
 
-    Equal to ``measure_position``'s weight error up to the normaliser's summation order (one weight unit);
-    masked params (top-k, top-p) fall back to the per-row partial sorts.
+    Equal to ``compute_sampling_distribution``'s weights up to the normaliser's summation order (one
+    weight unit); masked params (top-k, top-p) fall back to the per-row partial sorts.
     """
-    params = header.params
     n = len(positions)
     x = np.asarray(logits[:n], dtype=np.float32)
     if x.shape[0] != n:
@@ -215,11 +216,14 @@ def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: 
     if not np.isfinite(x).all():
         raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
     rows = np.arange(n)[:, None]
-    claimed = positions.weights.astype(np.int64)
+    if n == 0:
+        empty: np.ndarray = positions.weights.astype(np.int64)
+        return empty
     if params.temperature == 0.0:
         top = np.argmax(x + np.float32(0.0), axis=1)  # first maximum: ties go to the lower id
-        own = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0)
-    elif params.top_k == 0 and params.top_p >= 1.0:
+        own: np.ndarray = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0).astype(np.int64)
+        return own
+    if params.top_k == 0 and params.top_p >= 1.0:
         z = x / np.float32(params.temperature)  # the same float32 steps as compute_tempered_probs, in place
         if not np.isfinite(z).all():
             raise InvalidParams(f"logits / {params.temperature} overflow float32", Reason.NON_FINITE_LOGITS)
@@ -228,26 +232,37 @@ def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: 
         np.divide(z, z.sum(axis=1, dtype=np.float32, keepdims=True), out=z)
         total = z.sum(axis=1, dtype=np.float64, keepdims=True)
         p = z[rows, positions.token_ids].astype(np.float64)
-        own = np.minimum(np.floor(p * float(WEIGHT_ONE) / total), float(WEIGHT_MAX)).astype(np.int64)
-    else:
-        own = np.stack([compute_own_weights(compute_tempered_probs(x[i], params.temperature) + np.float32(0.0),
-                                            params)[0][positions.token_ids[i]] for i in range(n)]) if n else claimed
-    errors: np.ndarray = (np.abs(claimed - own).max(axis=1) / WEIGHT_ONE) if n else np.zeros(0)
+        unmasked: np.ndarray = np.minimum(np.floor(p * float(WEIGHT_ONE) / total), float(WEIGHT_MAX)).astype(np.int64)
+        return unmasked
+    return np.stack([compute_own_weights(compute_tempered_probs(x[i], params.temperature) + np.float32(0.0),
+                                         params)[0][positions.token_ids[i]] for i in range(n)]).astype(np.int64)
+
+
+def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: np.ndarray) -> np.ndarray:
+    """Return every position's weight error in a few vectorised passes (the decision path: no sort, no logs)."""
+    own = compute_own_candidate_weights(header.params, positions, logits)
+    if not len(positions):
+        return np.zeros(0)
+    errors: np.ndarray = np.abs(positions.weights.astype(np.int64) - own).max(axis=1) / WEIGHT_ONE
     return errors
 
 
 def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
                             fingerprint: tuple[ChunkMeasurement, ...] = ()) -> Stage2Measurements:
-    """Return only what the hot path decides on, weight error and temperature fit (the rest NaN)."""
-    errors = measure_weight_errors(header, positions, logits)
+    """Return only what the hot path decides on: weight error and the sampler fits (the rest NaN)."""
+    params = header.params
+    own = compute_own_candidate_weights(params, positions, logits)
+    errors = np.abs(positions.weights.astype(np.int64) - own).max(axis=1) / WEIGHT_ONE if len(positions) \
+        else np.zeros(0)
+    fits = measure_sampler_fits(params, positions, logits, own)
     nan = math.nan
     return Stage2Measurements(
         positions=len(positions), distance2=nan, logprob_distance_sum=nan, logprob_distance_max=nan,
         candidate_mismatch_rate=nan, weight_error_max=float(errors.max()) if errors.size else 0.0,
         weight_error_mean=float(errors.mean()) if errors.size else 0.0, sampler_margin_max=nan,
         sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
-        fingerprint=fingerprint,
-        temperature_deviation=compute_temperature_deviation(header.params.temperature, positions, logits))
+        fingerprint=fingerprint, temperature_deviation=fits.temperature_deviation,
+        temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift)
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
@@ -260,11 +275,55 @@ def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndar
     v = compute_sampler_uniforms(header.run_seed, n)
     rows = [measure_position_fast(logits[i], params, int(v[i]), int(positions.chosen[i]), positions.token_ids[i],
                              positions.weights[i], positions.raw_logprobs[i]) for i in range(n)]
-    return replace(summarise(rows, fingerprint),
-                   temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits))
+    own = compute_own_candidate_weights(params, positions, logits)
+    fits = measure_sampler_fits(params, positions, logits, own)
+    return replace(summarise(rows, fingerprint), temperature_deviation=fits.temperature_deviation,
+                   temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift)
+
+
+@dataclass(frozen=True)
+class SamplerFits:
+    """The pooled signals of the declared sampling params."""
+
+    temperature_deviation: float
+    temperature_t: float
+    kept_mass_shift: float
+
+
+def measure_sampler_fits(params: SamplingParams, positions: Positions, logits: np.ndarray,
+                         own: np.ndarray) -> SamplerFits:
+    """Return the temperature fit and the kept-mass shift of the leaves against the declared params."""
+    return SamplerFits(temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits),
+                       temperature_t=compute_temperature_t(params.temperature, positions, logits),
+                       kept_mass_shift=compute_kept_mass_shift(params.temperature, positions, logits, own))
 
 
 TEMPERATURE_FIT_MIN_WEIGHT = 2**16  # pairs whose weights are this large: the floor's error is < 2e-5 in the log
+
+
+@dataclass(frozen=True)
+class TemperaturePairs:
+    """Logit gaps x = z_0 − z_j and committed log-weight ratios y = ln(w_0/w_j) of the usable pairs."""
+
+    x: np.ndarray  # (n, K−1)
+    y: np.ndarray  # (n, K−1); only meaningful where usable
+    usable: np.ndarray  # (n, K−1) bool: both weights ≥ TEMPERATURE_FIT_MIN_WEIGHT
+
+
+def compute_temperature_pairs(positions: Positions, logits: np.ndarray) -> TemperaturePairs:
+    """Return every candidate pair (top candidate, j) with its logit gap and committed log-weight ratio."""
+    n = len(positions)
+    w = positions.weights.astype(np.float64)
+    z = np.take_along_axis(np.asarray(logits[:n], dtype=np.float64), positions.token_ids.astype(np.int64), axis=1)
+    usable = (w[:, :1] >= TEMPERATURE_FIT_MIN_WEIGHT) & (w[:, 1:] >= TEMPERATURE_FIT_MIN_WEIGHT)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(usable, np.log(np.maximum(w[:, :1], 1.0)) - np.log(np.maximum(w[:, 1:], 1.0)), 0.0)
+    return TemperaturePairs(x=np.where(usable, z[:, :1] - z[:, 1:], 0.0), y=y, usable=usable)
+
+
+def is_exactly_greedy(positions: Positions) -> bool:
+    """Check whether every committed leaf carries the canonical greedy weights (all on the top candidate)."""
+    return bool(((positions.weights[:, 0] == WEIGHT_MAX) & (positions.weights[:, 1:] == 0).all(axis=1)).all())
 
 
 def compute_temperature_deviation(temperature: float, positions: Positions, logits: np.ndarray) -> float:
@@ -275,25 +334,62 @@ def compute_temperature_deviation(temperature: float, positions: Positions, logi
     does not. Greedy decoding has no noise to average: its canonical weights are exactly one-hot, so any
     other leaf is infinitely far (inf); 0 where nothing can be measured (fewer than two weighted candidates).
     """
-    n = len(positions)
-    if n == 0:
+    if len(positions) == 0:
         return 0.0
     if temperature == 0.0:
-        one_hot = (positions.weights[:, 0] == WEIGHT_MAX) & (positions.weights[:, 1:] == 0).all(axis=1)
-        return 0.0 if bool(one_hot.all()) else math.inf
-    w = positions.weights.astype(np.float64)
-    z = np.take_along_axis(np.asarray(logits[:n], dtype=np.float64), positions.token_ids.astype(np.int64), axis=1)
-    usable = (w[:, :1] >= TEMPERATURE_FIT_MIN_WEIGHT) & (w[:, 1:] >= TEMPERATURE_FIT_MIN_WEIGHT)
-    if not usable.any():
-        return 0.0
-    with np.errstate(divide="ignore"):
-        y = np.log(w[:, :1]) - np.log(w[:, 1:])
-    x = z[:, :1] - z[:, 1:]
-    sxx = float((x * x)[usable].sum())
-    sxy = float((x * y)[usable].sum())
+        return 0.0 if is_exactly_greedy(positions) else math.inf
+    pairs = compute_temperature_pairs(positions, logits)
+    sxx = float((pairs.x * pairs.x).sum())
+    sxy = float((pairs.x * pairs.y).sum())
     if sxx <= 1e-12 or sxy <= 0.0:
         return math.inf if sxx > 1e-12 else 0.0
     return abs(sxx / (sxy * temperature) - 1.0)
+
+
+def compute_temperature_t(temperature: float, positions: Positions, logits: np.ndarray) -> float:
+    """Return |1/T̂ − 1/T| in standard errors of the pooled slope, clustered by position.
+
+    The deviation's noise shrinks with the number of pairs, so one threshold on it is set by the shortest
+    responses; this statistic is on one scale at every length while a real lie grows with √positions.
+    Pairs of one position share its top candidate's noise, so the error is the cluster-robust one
+    (sandwich over positions, G/(G−1) corrected); 0 with fewer than two positions to cluster.
+    """
+    if len(positions) == 0:
+        return 0.0
+    if temperature == 0.0:
+        return 0.0 if is_exactly_greedy(positions) else math.inf
+    pairs = compute_temperature_pairs(positions, logits)
+    sxx = float((pairs.x * pairs.x).sum())
+    clusters = int(pairs.usable.any(axis=1).sum())
+    if sxx <= 1e-12 or clusters < 2:
+        return 0.0
+    slope = float((pairs.x * pairs.y).sum()) / sxx
+    scores = (pairs.x * (pairs.y - slope * pairs.x)).sum(axis=1)
+    variance = clusters / (clusters - 1) * float((scores * scores).sum()) / sxx**2
+    gap = abs(slope - 1.0 / temperature)
+    if variance <= 0.0:
+        return 0.0 if gap == 0.0 else math.inf
+    return gap / math.sqrt(variance)
+
+
+def compute_kept_mass_shift(temperature: float, positions: Positions, logits: np.ndarray, own: np.ndarray) -> float:
+    """Return |mean over positions of the mass the validator keeps but the leaf dropped, minus the reverse|.
+
+    The mass is the validator's untruncated tempered probability of each committed candidate. Honest
+    noise flips a candidate at the top-k/top-p boundary either way and cancels; sampling with another
+    top_p than the declared one drops (or keeps) candidates in one direction at every truncated position.
+    0 under greedy decoding, where the weight error and the temperature checks decide.
+    """
+    n = len(positions)
+    if n == 0 or temperature == 0.0:
+        return 0.0
+    z = np.asarray(logits[:n], dtype=np.float64) / temperature
+    log_norm = z.max(axis=1, keepdims=True)
+    log_norm = log_norm + np.log(np.exp(z - log_norm).sum(axis=1, keepdims=True))
+    p = np.exp(np.take_along_axis(z, positions.token_ids.astype(np.int64), axis=1) - log_norm)
+    kept_by_validator = (own > 0).astype(np.float64)
+    kept_by_leaf = (positions.weights > 0).astype(np.float64)
+    return abs(float((p * (kept_by_validator - kept_by_leaf)).sum())) / n
 
 
 def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasurement, ...]) -> Stage2Measurements:

@@ -72,6 +72,7 @@ class Reason(IntEnum):
     SURPRISAL = 508
     DISTANCE2 = 509
     TEMPERATURE_FIT = 510
+    TOP_P_FIT = 511
 
     # 6xx: node operation (typed errors of the daemon; never the reason of a signed verdict)
     STORE_LOCKED = 600

@@ -180,3 +180,69 @@ def test_greedy_claims_must_commit_one_hot_weights(tiny):
     lie_header, lie = generated(tiny, SamplingParams(0.8), declared=SamplingParams(0.0))  # sampled, claimed greedy
     lie_logits = tiny.engine.prefill(PROMPT, lie.output_ids).logits
     assert measure_stage2(lie_header, lie.positions(5), lie_logits).temperature_deviation == math.inf
+
+
+def synthetic_leaves(seed: int, declared: SamplingParams, actual: SamplingParams, n: int = 48, vocab: int = 400,
+                     noise: float = 0.05, scale: float = 2.5):
+    """Leaves an executer sampled at `actual` from noisy logits (bf16-like), declared as `declared`."""
+    from node.protocol.artifact import positions_from_samples
+
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((n, vocab)) * scale).astype(np.float32)
+    claimed = logits + (rng.standard_normal(logits.shape) * noise).astype(np.float32)
+    v = compute_sampler_uniforms(seed.to_bytes(32, "big"), n)
+    samples = [sample_position(claimed[i], actual, 8, int(v[i])) for i in range(n)]
+    header = ArtifactHeader(b"\x11" * 32, declared.temperature_bits, declared.top_p_bits, declared.top_k, n, 8,
+                            seed.to_bytes(32, "big"), (1, 2), n)
+    return header, positions_from_samples(samples, 8), logits
+
+
+def test_the_temperature_t_value_is_standard_under_honest_noise_and_large_under_a_lie():
+    from node.checks.stage2 import compute_temperature_t
+
+    declared = SamplingParams(0.8, 1.0, 0, 48)
+    honest = [compute_temperature_t(0.8, *synthetic_leaves(s, declared, declared)[1:]) for s in range(200)]
+    # |t| of an unbiased slope with a correct standard error: ~5 % beyond 1.96, ~0 beyond 4.
+    assert 0.01 <= np.mean(np.array(honest) > 1.96) <= 0.12
+    assert max(honest) < 5.0
+    lie = SamplingParams(0.88, 1.0, 0, 48)  # 10 % hotter than declared
+    lies = [compute_temperature_t(0.8, *synthetic_leaves(s, declared, lie)[1:]) for s in range(20)]
+    assert min(lies) > 8.0
+
+
+def test_the_t_value_grows_with_length_under_a_lie_and_not_when_honest():
+    from node.checks.stage2 import compute_temperature_t
+
+    declared, lie = SamplingParams(0.8, 1.0, 0, 64), SamplingParams(0.85, 1.0, 0, 64)
+    short = np.median([compute_temperature_t(0.8, *synthetic_leaves(s, declared, lie, n=16)[1:]) for s in range(20)])
+    long = np.median([compute_temperature_t(0.8, *synthetic_leaves(s, declared, lie, n=64)[1:]) for s in range(20)])
+    assert long > 1.6 * short  # ~√4 = 2 for a real shift
+    honest_long = [compute_temperature_t(0.8, *synthetic_leaves(s, declared, declared, n=64)[1:]) for s in range(20)]
+    assert np.median(honest_long) < 1.5
+
+
+@pytest.mark.parametrize("declared_p, actual_p", [(1.0, 0.9), (0.9, 0.95), (0.95, 0.9)])
+def test_a_top_p_lie_shows_in_the_kept_mass_and_honest_noise_does_not(declared_p, actual_p):
+    from node.checks.stage2 import compute_kept_mass_shift, compute_own_candidate_weights
+
+    declared, actual = SamplingParams(1.0, declared_p, 0, 48), SamplingParams(1.0, actual_p, 0, 48)
+
+    def shift(params: SamplingParams, seed: int) -> float:
+        header, positions, logits = synthetic_leaves(seed, declared, params, scale=5.0)  # peaked: top_p truncates
+        own = compute_own_candidate_weights(declared, positions, logits)
+        return compute_kept_mass_shift(1.0, positions, logits, own)
+
+    honest = [shift(declared, s) for s in range(40)]
+    lies = [shift(actual, s) for s in range(40)]
+    assert max(honest) < 0.005
+    assert min(lies) > 2 * max(honest) and np.median(lies) > 0.01
+
+
+def test_the_sampler_fits_are_the_same_on_the_hot_path_and_in_the_full_measurement():
+    from node.checks.stage2 import measure_stage2_decision
+
+    declared = SamplingParams(0.7, 0.9, 0, 48)
+    header, positions, logits = synthetic_leaves(5, declared, SamplingParams(0.75, 0.95, 0, 48))
+    fast, full = measure_stage2_decision(header, positions, logits), measure_stage2(header, positions, logits)
+    assert (fast.temperature_t, fast.kept_mass_shift) == (full.temperature_t, full.kept_mass_shift)
+    assert fast.kept_mass_shift > 0 and fast.temperature_t > 0
