@@ -73,6 +73,7 @@ def calibrate_run(
     variants: str = typer.Option("", help="Comma-separated honest variants to run (default: all available)."),
     runs_file: str = typer.Option("runs.jsonl", help="Records file inside OUT (one per process)."),
     start: int = typer.Option(0, min=0, help="First run index (another campaign: other prompts, params, seeds)."),
+    only: str = typer.Option("", "--attacks", help="Comma-separated attacks to run (default: all for the dtype)."),
 ) -> None:
     """Generate honest and attack runs and record every signal (appends to OUT/runs.jsonl; resumes)."""
     from rich.progress import Progress
@@ -89,6 +90,11 @@ def calibrate_run(
     if not set(chosen) <= set(available):
         raise typer.BadParameter(f"variants {chosen} not all available here: {available}")
     attacks = attacks_for(dtype)
+    if only:
+        wanted = tuple(a for a in only.split(",") if a)
+        if not set(wanted) <= set(attacks):
+            raise typer.BadParameter(f"unknown attacks for {dtype}: {sorted(set(wanted) - set(attacks))}")
+        attacks = wanted
     specs = [s for s in plan_runs(honest, per_attack, chosen, attacks, start) if gemma or "gemma" not in s.name]
     console.print(f"{len(specs)} run specs; claimed {dtype}; honest variants {chosen}; attacks {len(attacks)}")
     with Progress(console=console) as progress:

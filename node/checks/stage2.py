@@ -295,7 +295,7 @@ def measure_sampler_fits(params: SamplingParams, positions: Positions, logits: n
     """Return the temperature fit and the kept-mass shift of the leaves against the declared params."""
     return SamplerFits(temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits),
                        temperature_t=compute_temperature_t(params.temperature, positions, logits),
-                       kept_mass_shift=compute_kept_mass_shift(params.temperature, positions, logits, own))
+                       kept_mass_shift=compute_kept_mass_shift(params, positions, logits, own))
 
 
 TEMPERATURE_FIT_MIN_WEIGHT = 2**16  # pairs whose weights are this large: the floor's error is < 2e-5 in the log
@@ -372,24 +372,36 @@ def compute_temperature_t(temperature: float, positions: Positions, logits: np.n
     return gap / math.sqrt(variance)
 
 
-def compute_kept_mass_shift(temperature: float, positions: Positions, logits: np.ndarray, own: np.ndarray) -> float:
-    """Return |mean over positions of the mass the validator keeps but the leaf dropped, minus the reverse|.
+def compute_kept_mass_shift(params: SamplingParams, positions: Positions, logits: np.ndarray, own: np.ndarray) -> float:
+    """Return |mean over positions of how far the leaf's kept candidates miss the declared top-k/top-p cut|.
 
-    The mass is the validator's untruncated tempered probability of each committed candidate. Honest
-    noise flips a candidate at the top-k/top-p boundary either way and cancels; sampling with another
-    top_p than the declared one drops (or keeps) candidates in one direction at every truncated position.
-    0 under greedy decoding, where the weight error and the temperature checks decide.
+    Per position, with C(c) the validator's untruncated tempered mass of the first c committed
+    candidates: 0 where leaf and validator keep as many; where the leaf keeps fewer, +the mass it
+    dropped, but at most top_p − C(kept) (how far short of the nucleus it stopped); where it keeps
+    more, −the mass it added, but at most C(kept − 1) − top_p (how far past the nucleus it went).
+    Honest noise flips a candidate at the cut in either direction and only by the noise in C; a
+    top_p lie misses the cut in one direction at every truncated position. A top-k cut counts the
+    whole mass. 0 under greedy decoding, where the weight error and the temperature checks decide.
     """
     n = len(positions)
-    if n == 0 or temperature == 0.0:
+    if n == 0 or params.temperature == 0.0:
         return 0.0
-    z = np.asarray(logits[:n], dtype=np.float64) / temperature
+    z = np.asarray(logits[:n], dtype=np.float64) / params.temperature
     log_norm = z.max(axis=1, keepdims=True)
     log_norm = log_norm + np.log(np.exp(z - log_norm).sum(axis=1, keepdims=True))
     p = np.exp(np.take_along_axis(z, positions.token_ids.astype(np.int64), axis=1) - log_norm)
-    kept_by_validator = (own > 0).astype(np.float64)
-    kept_by_leaf = (positions.weights > 0).astype(np.float64)
-    return abs(float((p * (kept_by_validator - kept_by_leaf)).sum())) / n
+    cumulative = np.concatenate([np.zeros((n, 1)), np.cumsum(p, axis=1)], axis=1)  # C(0..K)
+    rows = np.arange(n)
+    leaf = (positions.weights > 0).sum(axis=1)
+    validator = (own > 0).sum(axis=1)
+    between = np.abs(cumulative[rows, leaf] - cumulative[rows, validator])
+    nucleus_cut = (params.top_p < 1.0) & (validator != params.top_k)
+    short = np.clip(params.top_p - cumulative[rows, leaf], 0.0, None)
+    past = np.clip(cumulative[rows, np.maximum(leaf - 1, 0)] - params.top_p, 0.0, None)
+    fewer = np.where(nucleus_cut, np.minimum(between, short), between)
+    more = np.where(nucleus_cut, np.minimum(between, past), between)
+    shift = np.where(leaf < validator, fewer, np.where(leaf > validator, -more, 0.0))
+    return abs(float(shift.sum())) / n
 
 
 def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasurement, ...]) -> Stage2Measurements:
