@@ -71,22 +71,38 @@ def write_plots(records: list[dict[str, Any]], thresholds: dict[str, float], fol
     return names
 
 
-def sweep_lines(sweep: list[dict[str, Any]], threshold: float) -> list[str]:
+def sweep_lines(sweep: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str]:
     """Return the report's sensitivity-sweep section."""
     from node.calibrate.sweep import summarise_sweep
 
+    threshold = thresholds["weight_error_max"]
+    summary = summarise_sweep(sweep, thresholds)
     lines = ["", "## Sensitivity sweep: smaller lies", "",
-             f"Declared T = 0.7 (top_p 1, or 0.95 for the top_p row). q = share of positions whose weight error is "
-             f"over the threshold ({threshold:.4g}); tokens for 99.9 % = ln(0.001) / ln(1 − q), assuming independent "
-             "positions; the run-level detection beside it checks that assumption. Rule and runs: "
-             "node/calibrate/sweep.py, runs-sweep.jsonl.", "",
-             "| lie | runs | q (per position) | tokens for 99.9 % | detected at 16 | at 32 | at 64 |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for row in summarise_sweep(sweep, threshold):
+             "Declared T = 0.7 (top_p 1, or 0.95 for the top_p row). Runs: runs-sweep.jsonl; rule: "
+             "node/calibrate/sweep.py.", ""]
+    if math.isfinite(threshold):
+        lines += [f"q = share of positions whose weight error is over the threshold ({threshold:.4g}); tokens for "
+                  "99.9 % = ln(0.001) / ln(1 − q), assuming independent positions; the run-level detection beside "
+                  "it checks that assumption.", "",
+                  "| lie | runs | q (per position) | tokens for 99.9 % | detected at 16 | at 32 | at 64 |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in summary:
+            n = row["runs"]
+            cells = [f"{row['detected'][k]}/{n}" for k in ("16", "32", "64")]
+            tokens = "never" if row["tokens_99_9"] == math.inf else f"{row['tokens_99_9']:.0f}"
+            lines.append(f"| {row['variant']} | {n} | {row['q']:.3f} | {tokens} | " + " | ".join(cells) + " |")
+        lines.append("")
+    else:
+        lines += ["This profile does not decide on the per-position weight error, so there is no per-position "
+                  "model to extrapolate to 99.9 %: the pooled signals it decides on are averages over the "
+                  "positions. Below is what the whole decision catches at each length; n of n caught bounds the "
+                  "run-level miss rate by 1 − 0.05^(1/n) at 95 % confidence (e.g. < 26 % for 10 of 10).", ""]
+    lines += ["Run-level detection by the profile's whole decision (every signal kept, stage 1 included):", "",
+              "| lie | runs | caught at 16 | at 32 | at 64 |", "|---|---:|---:|---:|---:|"]
+    for row in summary:
         n = row["runs"]
-        cells = [f"{row['detected'][k]}/{n}" for k in ("16", "32", "64")]
-        tokens = "never" if row["tokens_99_9"] == math.inf else f"{row['tokens_99_9']:.0f}"
-        lines.append(f"| {row['variant']} | {n} | {row['q']:.3f} | {tokens} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['variant']} | {n} | " + " | ".join(f"{row['decided'][k]}/{n}" for k in ("16", "32", "64"))
+                     + " |")
     return lines
 
 
@@ -143,7 +159,7 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
         lines.append(f"| {group} | {_fmt_rate(full[group].get('64'))} | {_fmt_rate(toploc.get(group, {}).get('64'))}"
                      f" | {_fmt_rate(gonka.get(group, {}).get('64'))} |")
     if sweep:
-        lines += sweep_lines(sweep, thresholds["weight_error_max"])
+        lines += sweep_lines(sweep, thresholds)
     plots = write_plots(records, chosen, folder, "64")
     lines += ["", "## Distributions at 64 tokens", ""] + [f"![{p}]({p})" for p in plots]
     (folder / "report.md").write_text("\n".join(lines) + "\n")

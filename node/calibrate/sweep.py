@@ -83,8 +83,15 @@ def tokens_for(q: float, target: float = 0.999) -> float:
     return math.ceil(math.log(1 - target) / math.log(1 - q))
 
 
-def summarise_sweep(records: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
-    """Return per variant: runs, positions, q, tokens for 99.9 %, and run-level detection per prefix."""
+def summarise_sweep(records: list[dict[str, Any]], thresholds: dict[str, float]) -> list[dict[str, Any]]:
+    """Return per variant: runs, positions, q, tokens for 99.9 %, and run-level detection per prefix.
+
+    ``detected`` counts runs with a position over the weight-error threshold (the per-position model);
+    ``decided`` counts runs the profile's whole decision rejects (every signal kept, stage 1 included).
+    """
+    from node.calibrate.fit import first_violation
+
+    threshold = thresholds["weight_error_max"]
     out = []
     for name in SWEEP:
         rows = [r for r in records if r["name"] == name]
@@ -92,6 +99,8 @@ def summarise_sweep(records: list[dict[str, Any]], threshold: float) -> list[dic
         q = sum(e > threshold for e in errors) / len(errors) if errors else 0.0
         detected = {n: sum(any(e > threshold for e in r["weight_errors"][: int(n)]) for r in rows)
                     for n in ("16", "32", "64")}
+        decided = {n: sum(bool(first_violation(r["lengths"][n], thresholds)) for r in rows if n in r["lengths"])
+                   for n in ("16", "32", "64")}
         out.append({"variant": name, "runs": len(rows), "positions": len(errors), "q": q,
-                    "tokens_99_9": tokens_for(q), "detected": detected})
+                    "tokens_99_9": tokens_for(q), "detected": detected, "decided": decided})
     return out

@@ -122,9 +122,14 @@ def test_sweep_tokens_follow_the_geometric_rule():
 
     assert tokens_for(0.5) == 10  # 0.5^10 < 0.001 <= 0.5^9
     assert tokens_for(0.0) == math.inf and tokens_for(1.0) == 1.0
-    rows = [{"name": "noise-1pct", "weight_errors": [0.1, 0.0, 0.1, 0.0] * 16}]
-    row = next(r for r in summarise_sweep(rows, 0.05) if r["variant"] == "noise-1pct")
+    ok = {"stage1": "OK", "temperature_t": 1.0}
+    lie = {"stage1": "OK", "temperature_t": 9.0}
+    rows = [{"name": "noise-1pct", "weight_errors": [0.1, 0.0, 0.1, 0.0] * 16,
+             "lengths": {"16": ok, "32": lie, "64": lie}}]
+    row = next(r for r in summarise_sweep(rows, {"weight_error_max": 0.05, "temperature_t": 5.0})
+               if r["variant"] == "noise-1pct")
     assert row["q"] == 0.5 and row["detected"] == {"16": 1, "32": 1, "64": 1}
+    assert row["decided"] == {"16": 0, "32": 1, "64": 1}  # the whole decision, per prefix
 
 
 def test_the_toploc_baseline_applies_the_median_only_where_it_was_recorded():
