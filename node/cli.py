@@ -222,7 +222,7 @@ def executer_serve(
     port: int = typer.Option(8000, help="Port to listen on."),
     backend: str = typer.Option("transformers", help="Engine backend: transformers or vllm."),
     device: str = typer.Option("cpu", help="Torch device for the transformers backend (cpu, cuda)."),
-    dtype: str = typer.Option("float32", help="Execution dtype: float32 or bfloat16."),
+    dtype: str = typer.Option("", help="Execution dtype (default: the model's registered one; another is refused)."),
     threads: int = typer.Option(0, help="CPU threads for torch (0: torch's default)."),
     cache_dir: Path = typer.Option(None, help="Model cache folder (default $VERINFER_CACHE or ~/.cache/verinfer)."),
 ) -> None:
@@ -235,9 +235,10 @@ def executer_serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if backend not in ("transformers", "vllm"):
         raise typer.BadParameter("backend must be transformers or vllm")
-    settings = ExecuterSettings(model, backend, device, dtype, threads or None, True, cache_dir)  # type: ignore[arg-type]
+    settings = ExecuterSettings(model, backend, device, dtype or None, threads or None, True,  # type: ignore[arg-type]
+                                cache_dir)
     service, profile_path, profile = load_executer(settings)
-    console.print(f"serving {model} ({backend}, {dtype}, {device}) on http://{host}:{port}/v1 "
+    console.print(f"serving {model} ({backend}, {service.engine.info.dtype}, {device}) on http://{host}:{port}/v1 "
                   f"model id 0x{service.files.model_id.hex()}")
     web.run_app(create_app(service, str(profile_path), profile.meta.calibrated), host=host, port=port,
                 print=None)

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Literal
 
 from node.engines.base import Engine
-from node.engines.models import ModelFiles, get_model_spec, materialise_model
+from node.engines.models import ModelFiles, ModelSpec, get_model_spec, load_registry, materialise_model
 from node.engines.tokenizer import ModelTokenizer
+from node.errors import FatalError, Reason
 from node.executer.service import ExecuterService
 from node.profiles import ModelProfile, load_profile
 
@@ -22,28 +23,40 @@ class ExecuterSettings:
     model: str
     backend: Backend = "transformers"
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None  # None: the precision the model is registered for
     threads: int | None = None
     kv_cache: bool = True
     cache_dir: Path | None = None
 
 
+def resolve_dtype(spec: ModelSpec, requested: str | None) -> str:
+    """Return the execution dtype: the registered one; another is refused (it would claim what does not run)."""
+    if requested is not None and requested != spec.dtype:
+        others = sorted(s.name for s in load_registry().values() if s.dtype == requested and s.package == spec.package)
+        hint = f"; serve {others[0]} instead" if others else ""
+        raise FatalError(f"{spec.name} is registered for {spec.dtype}: executing it in {requested} would claim a "
+                           f"precision this node does not run{hint}", Reason.UNKNOWN_MODEL)
+    return spec.dtype
+
+
 def load_engine(files: ModelFiles, settings: ExecuterSettings) -> Engine:
-    """Return the engine the settings name, loaded with the model's files."""
+    """Return the engine the settings name, loaded with the model's files at its registered precision."""
+    dtype = resolve_dtype(files.spec, settings.dtype)
     if settings.backend == "vllm":
         from node.engines.vllm_engine import VllmEngine, VllmOptions
 
-        engine: Engine = VllmEngine(files.path, files.spec.name, VllmOptions(dtype=settings.dtype))
+        engine: Engine = VllmEngine(files.path, files.spec.name, VllmOptions(dtype=dtype))
         return engine
     from node.engines.transformers_engine import TransformersEngine, TransformersOptions
 
-    options = TransformersOptions(settings.device, settings.dtype, settings.threads, settings.kv_cache)
+    options = TransformersOptions(settings.device, dtype, settings.threads, settings.kv_cache)
     return TransformersEngine(files.path, files.spec.name, options)
 
 
 def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService, Path, ModelProfile]:
     """Return a ready executer service with its profile."""
     spec = get_model_spec(settings.model)
+    resolve_dtype(spec, settings.dtype)  # before minutes of conversion and loading
     files = materialise_model(spec, settings.cache_dir)
     profile_path, profile = load_profile(spec)
     tokenizer = ModelTokenizer(files.path, spec.chat)

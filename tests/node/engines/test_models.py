@@ -58,3 +58,26 @@ def test_interrupted_conversion_is_redone(tmp_path, tiny):
     assert json.loads((files.path / MARKER).read_text())["name"] == "tiny-llama"
     assert files.model_id == tiny.files.model_id  # same seed, same weights, same id
     assert materialise_model(get_model_spec("tiny-llama"), cache).path == files.path
+
+
+def test_the_bf16_execution_is_its_own_registry_entry_with_its_own_profile():
+    from node.profiles import load_profile
+
+    specs = load_registry()
+    fp32, bf16 = specs["smollm2-135m-instruct"], specs["smollm2-135m-instruct-bf16"]
+    assert (bf16.package, bf16.gguf_file) == (fp32.package, fp32.gguf_file) and bf16.dtype == "bfloat16"
+    digest = bytes(32)
+    assert compute_model_id(bf16.name, digest) != compute_model_id(fp32.name, digest)  # its own α, β, reputation
+    _, profile = load_profile(bf16)
+    assert profile.meta.dtype == "bfloat16" and profile.meta.calibrated
+
+
+def test_an_executer_cannot_run_another_precision_than_it_claims():
+    from node.errors import FatalError
+    from node.executer.bootstrap import ExecuterSettings, load_executer, resolve_dtype
+
+    specs = load_registry()
+    assert resolve_dtype(specs["smollm2-135m-instruct-bf16"], None) == "bfloat16"
+    assert resolve_dtype(specs["smollm2-135m-instruct"], "float32") == "float32"
+    with pytest.raises(FatalError, match="serve smollm2-135m-instruct-bf16 instead"):
+        load_executer(ExecuterSettings("smollm2-135m-instruct", dtype="bfloat16"))
