@@ -49,6 +49,7 @@ class Stage2Section(BaseModel):
     max_temperature_deviation: float = float("inf")  # absent in profiles calibrated before it was measured
     max_temperature_t: float = float("inf")
     max_kept_mass_shift: float = float("inf")
+    max_kept_mass_score: float = float("inf")
 
 
 class ModelProfile(BaseModel):

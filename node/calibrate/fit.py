@@ -36,13 +36,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.checks.stage2 import compute_kept_mass_score
+
 LENGTHS = ("16", "32", "64", "128")
 MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate",
               "fingerprint_mantissa_mean_max")
 COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
-POOLED = ("temperature_t", "kept_mass_shift", "temperature_deviation", "distance2")  # pooled over positions
+POOLED = ("temperature_t", "kept_mass_score", "kept_mass_shift", "temperature_deviation", "distance2")
 POOLED_SIGMAS = 6.0
-ORDER = ("weight_error_max", "temperature_t", "kept_mass_shift", "temperature_deviation", "sampler_margin_max",
+ORDER = ("weight_error_max", "temperature_t", "kept_mass_score", "kept_mass_shift", "temperature_deviation",
+         "sampler_margin_max",
          "logprob_distance_max",
          "candidate_mismatch_rate", "distance2",
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
@@ -65,7 +68,15 @@ def rows(records: Iterable[dict[str, Any]], kind: str | None = None,
     for r in records:
         if (kind is None or r["kind"] == kind) and (split is None or is_calibration_split(r["key"]) == split):
             for length, signals in r["lengths"].items():
-                yield r, length, signals
+                yield r, length, with_derived_signals(signals)
+
+
+def with_derived_signals(signals: dict[str, Any]) -> dict[str, Any]:
+    """Return a record's signals with those that are exact functions of recorded ones filled in where missing."""
+    if "kept_mass_score" in signals or "kept_mass_shift" not in signals:
+        return signals
+    return {**signals, "kept_mass_score": compute_kept_mass_score(float(signals["kept_mass_shift"]),
+                                                                  int(signals["positions"]))}
 
 
 def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:

@@ -89,7 +89,7 @@ def summarise_sweep(records: list[dict[str, Any]], thresholds: dict[str, float])
     ``detected`` counts runs with a position over the weight-error threshold (the per-position model);
     ``decided`` counts runs the profile's whole decision rejects (every signal kept, stage 1 included).
     """
-    from node.calibrate.fit import first_violation
+    from node.calibrate.fit import first_violation, with_derived_signals
 
     threshold = thresholds["weight_error_max"]
     out = []
@@ -99,7 +99,8 @@ def summarise_sweep(records: list[dict[str, Any]], thresholds: dict[str, float])
         q = sum(e > threshold for e in errors) / len(errors) if errors else 0.0
         detected = {n: sum(any(e > threshold for e in r["weight_errors"][: int(n)]) for r in rows)
                     for n in ("16", "32", "64")}
-        decided = {n: sum(bool(first_violation(r["lengths"][n], thresholds)) for r in rows if n in r["lengths"])
+        decided = {n: sum(bool(first_violation(with_derived_signals(r["lengths"][n]), thresholds)) for r in rows
+                          if n in r["lengths"])
                    for n in ("16", "32", "64")}
         out.append({"variant": name, "runs": len(rows), "positions": len(errors), "q": q,
                     "tokens_99_9": tokens_for(q), "detected": detected, "decided": decided})

@@ -80,6 +80,7 @@ class Stage2Measurements:
     temperature_deviation: float = 0.0  # |T̂/T − 1|, pooled over positions (compute_temperature_deviation)
     temperature_t: float = 0.0  # |T̂⁻¹ − T⁻¹| over its standard error (compute_temperature_t)
     kept_mass_shift: float = 0.0  # |mean mass kept against the declared top-k/top-p| (compute_kept_mass_shift)
+    kept_mass_score: float = 0.0  # kept_mass_shift · √positions: one honest scale at every length
 
     def as_dict(self) -> dict[str, float | int]:
         """Return the scalar signals (fingerprint summarised by its worst chunk)."""
@@ -262,7 +263,8 @@ def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits
         weight_error_mean=float(errors.mean()) if errors.size else 0.0, sampler_margin_max=nan,
         sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
         fingerprint=fingerprint, temperature_deviation=fits.temperature_deviation,
-        temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift)
+        temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift,
+        kept_mass_score=fits.kept_mass_score)
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
@@ -278,7 +280,8 @@ def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndar
     own = compute_own_candidate_weights(params, positions, logits)
     fits = measure_sampler_fits(params, positions, logits, own)
     return replace(summarise(rows, fingerprint), temperature_deviation=fits.temperature_deviation,
-                   temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift)
+                   temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift,
+        kept_mass_score=fits.kept_mass_score)
 
 
 @dataclass(frozen=True)
@@ -288,14 +291,21 @@ class SamplerFits:
     temperature_deviation: float
     temperature_t: float
     kept_mass_shift: float
+    kept_mass_score: float
 
 
 def measure_sampler_fits(params: SamplingParams, positions: Positions, logits: np.ndarray,
                          own: np.ndarray) -> SamplerFits:
     """Return the temperature fit and the kept-mass shift of the leaves against the declared params."""
+    shift = compute_kept_mass_shift(params, positions, logits, own)
     return SamplerFits(temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits),
                        temperature_t=compute_temperature_t(params.temperature, positions, logits),
-                       kept_mass_shift=compute_kept_mass_shift(params, positions, logits, own))
+                       kept_mass_shift=shift, kept_mass_score=compute_kept_mass_score(shift, len(positions)))
+
+
+def compute_kept_mass_score(shift: float, positions: int) -> float:
+    """Return the kept-mass shift times √positions: honest flips are a zero-mean sum, a top_p lie grows with √n."""
+    return shift * math.sqrt(positions)
 
 
 TEMPERATURE_FIT_MIN_WEIGHT = 2**16  # pairs whose weights are this large: the floor's error is < 2e-5 in the log

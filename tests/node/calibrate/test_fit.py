@@ -169,3 +169,13 @@ def test_a_signal_older_records_lack_gets_no_threshold():
     records = [{"key": r["key"], "kind": "honest", "name": "x", "lengths": {"16": dict(base)}}
                for r in _pooled_records({"16": [0.0] * 3})]
     assert choose_thresholds(records)["temperature_deviation"] == float("inf")
+
+
+def test_the_kept_mass_score_is_derived_exactly_where_older_records_lack_it():
+    from node.calibrate.fit import with_derived_signals
+    from node.checks.stage2 import compute_kept_mass_score
+
+    old = {"stage1": "OK", "positions": 16, "kept_mass_shift": 0.01}
+    assert with_derived_signals(old)["kept_mass_score"] == compute_kept_mass_score(0.01, 16) == 0.04
+    assert with_derived_signals({**old, "kept_mass_score": 7.0})["kept_mass_score"] == 7.0  # measured wins
+    assert "kept_mass_score" not in with_derived_signals({"stage1": "OK", "positions": 16})

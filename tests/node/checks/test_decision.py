@@ -17,7 +17,7 @@ CLEAN = Stage2Measurements(positions=16, distance2=0.0, logprob_distance_sum=0.0
 T = Stage2Thresholds(max_weight_error=1e-4, max_sampler_margin=1e-4, max_logprob_distance=0.01,
                      max_candidate_mismatch_rate=0.1, max_surprisal_z=5.0, max_distance2=0.05,
                      fingerprint=FingerprintThresholds(3, 2.0, 2.0, 0), max_temperature_deviation=0.2,
-                     max_temperature_t=6.0, max_kept_mass_shift=0.01)
+                     max_temperature_t=6.0, max_kept_mass_shift=0.01, max_kept_mass_score=0.04)
 
 
 def test_clean_measurements_pass():
@@ -29,7 +29,8 @@ def test_each_signal_names_its_reason_and_order_is_fixed():
              ("logprob_distance_max", 1.0, Reason.LOGPROB_DISTANCE),
              ("candidate_mismatch_rate", 0.5, Reason.CANDIDATE_MISMATCH), ("distance2", 0.5, Reason.DISTANCE2),
              ("surprisal_z", math.inf, Reason.SURPRISAL), ("temperature_deviation", 0.3, Reason.TEMPERATURE_FIT),
-             ("temperature_t", 7.0, Reason.TEMPERATURE_FIT), ("kept_mass_shift", 0.02, Reason.TOP_P_FIT)]
+             ("temperature_t", 7.0, Reason.TEMPERATURE_FIT), ("kept_mass_shift", 0.02, Reason.TOP_P_FIT),
+             ("kept_mass_score", 0.05, Reason.TOP_P_FIT)]
     for field, value, reason in cases:
         assert decide_stage2(dataclasses.replace(CLEAN, **{field: value}), T).reason is reason
     both = dataclasses.replace(CLEAN, weight_error_max=0.2, surprisal_z=9.0)

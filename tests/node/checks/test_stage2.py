@@ -244,5 +244,7 @@ def test_the_sampler_fits_are_the_same_on_the_hot_path_and_in_the_full_measureme
     declared = SamplingParams(0.7, 0.9, 0, 48)
     header, positions, logits = synthetic_leaves(5, declared, SamplingParams(0.75, 0.95, 0, 48))
     fast, full = measure_stage2_decision(header, positions, logits), measure_stage2(header, positions, logits)
-    assert (fast.temperature_t, fast.kept_mass_shift) == (full.temperature_t, full.kept_mass_shift)
+    assert (fast.temperature_t, fast.kept_mass_shift, fast.kept_mass_score) == \
+        (full.temperature_t, full.kept_mass_shift, full.kept_mass_score)
+    assert fast.kept_mass_score == pytest.approx(fast.kept_mass_shift * math.sqrt(len(positions)))
     assert fast.kept_mass_shift > 0 and fast.temperature_t > 0
