@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node.checks.decision import Stage2Thresholds
 from node.checks.fingerprint import FingerprintThresholds
@@ -50,6 +50,16 @@ class Stage2Section(BaseModel):
     max_temperature_t: float = float("inf")
     max_kept_mass_shift: float = float("inf")
     max_kept_mass_score: float = float("inf")
+    by_length: dict[int, dict[str, float]] = Field(default_factory=dict)  # min positions → pooled overrides
+
+    @field_validator("by_length")
+    @classmethod
+    def _known_fields(cls, value: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """Check that every per-length override names a threshold of this section."""
+        unknown = {k for overrides in value.values() for k in overrides} - set(cls.model_fields) - {"by_length"}
+        if unknown or any(n < 1 for n in value):
+            raise ValueError(f"by_length: unknown thresholds {sorted(unknown)} or a length below 1")
+        return value
 
 
 class ModelProfile(BaseModel):
@@ -70,7 +80,9 @@ class ModelProfile(BaseModel):
         if self.stage2 is None:
             raise FatalError(f"profile for {self.meta.model} has no [stage2] section: run `verinfer calibrate`",
                              Reason.UNKNOWN_MODEL)
-        return Stage2Thresholds(fingerprint=self.fingerprint_thresholds(), **self.stage2.model_dump())
+        flat = self.stage2.model_dump(exclude={"by_length"})
+        by_length = tuple((n, tuple(sorted(o.items()))) for n, o in sorted(self.stage2.by_length.items()))
+        return Stage2Thresholds(fingerprint=self.fingerprint_thresholds(), by_length=by_length, **flat)
 
 
 def load_profile(spec: ModelSpec) -> tuple[Path, ModelProfile]:

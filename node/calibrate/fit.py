@@ -11,11 +11,14 @@ length of the calibration half's honest runs:
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
 - surprisal z: the largest honest z plus two (z is ~N(0, 1) for honest sampling);
 - pooled estimates (the temperature fit and its t-value, the kept-mass shift, distance2: averages
-  over positions or standardised by their spread): at every length, the
+  over positions or standardised by their spread): one threshold per calibrated length (the
+  profile's [stage2.by_length]; the flat one, their maximum, below the shortest): the
   honest mean plus six standard deviations (an average over many positions is close to normal
   across runs: six sigma is ~1e-9 one-sided), and never below 1.25 times the largest honest value.
   A max-based safety factor would bury them: under bf16 noise a temperature lie moves the fit by
-  0.1 where honest runs spread by ~0.01.
+  0.1 where honest runs spread by ~0.01. Per length, because their honest spread shrinks with the
+  positions averaged (bf16: honest distance2 up to 1.16 at 16 tokens, 0.67 at 64), so one
+  threshold would be set by the shortest responses and blind at the longer ones.
 A signal some honest records lack (recorded only by later campaigns) gets no threshold (inf).
 Then the distribution signals are selected on the calibration half too (the fingerprint, the
 activation commitment, is always kept): going from the least specific signal up, a signal whose
@@ -90,19 +93,35 @@ def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
     out["sampler_margin_max"] = SAFETY * max(top["sampler_margin_max"], top["weight_error_max"])
     out["surprisal_z"] = top["surprisal_z"] + 2
     for name in POOLED:
-        out[name] = choose_pooled_threshold(records, name) if name in top else math.inf
+        per_length = choose_pooled_thresholds(records, name) if name in top else {}
+        out[name] = max(per_length.values(), default=math.inf)
+        out.update({f"{name}@{length}": value for length, value in per_length.items()})
     return out
 
 
-def choose_pooled_threshold(records: list[dict[str, Any]], name: str) -> float:
-    """Return max over lengths of (honest mean + POOLED_SIGMAS sd), at least 1.25 × the largest honest value."""
+def choose_pooled_thresholds(records: list[dict[str, Any]], name: str) -> dict[str, float]:
+    """Return per length: honest mean + POOLED_SIGMAS sd, at least 1.25 × the largest honest value at that length."""
     by_length: dict[str, list[float]] = {}
     for _, length, s in rows(records, "honest", True):
         if s["stage1"] == "OK" and math.isfinite(float(s[name])):
             by_length.setdefault(length, []).append(float(s[name]))
-    bounds = [statistics.fmean(v) + POOLED_SIGMAS * statistics.pstdev(v) for v in by_length.values() if len(v) > 1]
-    largest = max((max(v) for v in by_length.values()), default=0.0)
-    return max([*bounds, 1.25 * largest])
+    return {length: max(statistics.fmean(v) + POOLED_SIGMAS * statistics.pstdev(v), 1.25 * max(v))
+            for length, v in sorted(by_length.items(), key=lambda item: int(item[0]))}
+
+
+def thresholds_at(thresholds: dict[str, float], positions: int) -> dict[str, float]:
+    """Return the thresholds for a response of this many positions: a used pooled signal's per-length one.
+
+    The bucket is the longest calibrated length not above the positions (a longer response is less
+    noisy than its bucket); shorter than every bucket, the flat threshold (the largest) applies.
+    """
+    lengths = sorted({int(key.split("@")[1]) for key in thresholds if "@" in key})
+    bucket = max((n for n in lengths if n <= positions), default=None)
+    if bucket is None:
+        return thresholds
+    overrides = {key.split("@")[0]: value for key, value in thresholds.items() if key.endswith(f"@{bucket}")}
+    return {**thresholds, **{name: value for name, value in overrides.items()
+                             if math.isfinite(thresholds.get(name, math.inf))}}
 
 
 def select_signals(records: list[dict[str, Any]], thresholds: dict[str, float]) -> dict[str, float]:
@@ -122,6 +141,8 @@ def first_violation(signals: dict[str, Any], thresholds: dict[str, float], use_s
         return f"stage1:{signals['stage1']}"
     if signals.get("fingerprint_error"):
         return f"fingerprint:{signals['fingerprint_error']}"
+    if "positions" in signals:
+        thresholds = thresholds_at(thresholds, int(signals["positions"]))
     for name in (*ORDER, *BASELINE_ONLY):
         if name in thresholds and name in signals and float(signals[name]) > thresholds[name]:
             return name

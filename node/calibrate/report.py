@@ -18,6 +18,7 @@ from node.calibrate.fit import (
     is_no_op,
     rows,
     select_signals,
+    thresholds_at,
     upper_bound,
 )
 
@@ -117,7 +118,8 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     with_median = sum(1 for r in records if any("fingerprint_mantissa_median_max" in v for v in r["lengths"].values()))
     median_note = ("in every run" if with_median == len(records) else
                    f"where recorded: {with_median} of {len(records)} runs, the older ones lack it")
-    gonka = held_out_rates(records, {"distance2": chosen["distance2"]}, use_stage1=False)
+    gonka = held_out_rates(records, {k: v for k, v in chosen.items() if k.split("@")[0] == "distance2"},
+                           use_stage1=False)
     honest_n = {n: full.get("honest", {}).get(n, Rates()) for n in LENGTHS}
     worst = max((r for r in honest_n.values() if r.n), key=lambda r: r.rate, default=Rates())
     alpha, alpha_upper = worst.rate if worst.n else float("nan"), upper_bound(worst.rejected, worst.n)
@@ -135,6 +137,17 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
         recorded = [float(s[name]) for s in cal_honest if name in s]
         largest = f"{max(recorded):.6g}" if recorded else "not recorded"
         lines.append(f"| {name} | {chosen[name]:.6g} | {used} | {largest} |")
+    pooled = [name for name in ORDER if any(key.startswith(f"{name}@") for key in chosen)]
+    if pooled:
+        lengths = sorted({key.split("@")[1] for key in chosen if "@" in key}, key=int)
+        lines += ["", "Pooled signals have one threshold per length (the honest spread of an average shrinks with "
+                  "the positions it averages); the table above shows the largest, which applies below the "
+                  "shortest length:", "",
+                  "| signal | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+                  "|---|" + "---:|" * len(lengths)]
+        for name in pooled:
+            lines.append(f"| {name} | " + " | ".join(f"{chosen[f'{name}@{n}']:.6g}" if f"{name}@{n}" in chosen
+                                                      else "–" for n in lengths) + " |")
     lines += ["", "## False positives (held-out honest runs)", "",
               "| tokens | rejected | 95 % upper bound |", "|---:|---:|---:|"]
     for n, r in honest_n.items():
@@ -153,14 +166,14 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     lines += ["", "## Baselines on the same runs (64 tokens)", "",
               "TOPLOC alone: its published thresholds on the fingerprint (≤ 38 exponent mismatches, mantissa "
               f"mean ≤ 10, mantissa median ≤ 8 {median_note}). gonka-style distance alone: `distance2` with the "
-              "threshold above. Neither uses stage 1.", "",
+              "thresholds above (per length). Neither uses stage 1.", "",
               "| group | all checks | TOPLOC alone | distance2 alone |", "|---|---:|---:|---:|"]
     for group in ["honest", *sorted(g for g in full if g != "honest")]:
         lines.append(f"| {group} | {_fmt_rate(full[group].get('64'))} | {_fmt_rate(toploc.get(group, {}).get('64'))}"
                      f" | {_fmt_rate(gonka.get(group, {}).get('64'))} |")
     if sweep:
         lines += sweep_lines(sweep, thresholds)
-    plots = write_plots(records, chosen, folder, "64")
+    plots = write_plots(records, thresholds_at(chosen, 64), folder, "64")
     lines += ["", "## Distributions at 64 tokens", ""] + [f"![{p}]({p})" for p in plots]
     (folder / "report.md").write_text("\n".join(lines) + "\n")
     beta = {g: 1 - full[g]["64"].rate for g in full if g != "honest" and "64" in full[g]}
@@ -177,6 +190,12 @@ def render_profile(model: str, dtype: str, thresholds: dict[str, float], rates: 
            "max_mantissa_error_median = 127.0  # not calibrated separately; bounded by the mean",
            f"max_sign_mismatches = {int(thresholds['fingerprint_sign_mismatches_max'])}", "", "[stage2]"]
     out += [f"{PROFILE_KEYS[k]} = {thresholds[k]!r}" for k in PROFILE_KEYS]
+    lengths = sorted({int(key.split("@")[1]) for key in thresholds if "@" in key})
+    for n in lengths:
+        used = [k for k in PROFILE_KEYS if f"{k}@{n}" in thresholds and math.isfinite(thresholds[k])]
+        if used:
+            out += ["", f'[stage2.by_length."{n}"]  # responses of at least {n} positions (pooled signals)']
+            out += [f"{PROFILE_KEYS[k]} = {thresholds[f'{k}@{n}']!r}" for k in used]
     out += ["", "[rates]", f"alpha = {rates['alpha']!r}", f"alpha_upper_95 = {rates['alpha_upper']!r}",
             f"honest_runs_held_out = {rates['honest_runs']}", "", "[rates.beta_64_tokens]"]
     out += [f'"{name}" = {value!r}' for name, value in sorted(rates["beta"].items())]

@@ -8,7 +8,8 @@ signed verdict.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from node.checks.fingerprint import FingerprintThresholds, decide_fingerprint
 from node.checks.stage2 import Stage2Measurements
@@ -32,6 +33,7 @@ class Stage2Thresholds:
     max_temperature_t: float = math.inf
     max_kept_mass_shift: float = math.inf
     max_kept_mass_score: float = math.inf
+    by_length: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()  # (min positions, (field, threshold)…)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,22 @@ def is_weight_error_only(t: Stage2Thresholds) -> bool:
                                        t.max_distance2, t.max_surprisal_z))
 
 
+def select_thresholds_for_length(t: Stage2Thresholds, positions: int) -> Stage2Thresholds:
+    """Return the thresholds for this many positions: the longest length bucket not above it overrides.
+
+    Only signals the profile decides on (a finite flat threshold) take a bucket's value; shorter than
+    every bucket, the flat thresholds (the largest) apply.
+    """
+    bucket = max((b for b in t.by_length if b[0] <= positions), key=lambda b: b[0], default=None)
+    if bucket is None:
+        return t
+    overrides: dict[str, Any] = {name: value for name, value in bucket[1] if math.isfinite(getattr(t, name))}
+    return replace(t, **overrides)
+
+
 def find_stage2_violation(m: Stage2Measurements, t: Stage2Thresholds) -> Reason:
     """Return the first signal over its threshold, or Reason.OK (a decided signal left unmeasured raises)."""
+    t = select_thresholds_for_length(t, m.positions)
     checks = (
         (m.weight_error_max, t.max_weight_error, Reason.WEIGHT_ERROR),
         (m.temperature_deviation, t.max_temperature_deviation, Reason.TEMPERATURE_FIT),

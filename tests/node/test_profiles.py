@@ -26,3 +26,29 @@ def test_a_committed_profile_loads(path: Path) -> None:
 def test_there_is_a_profile_per_calibrated_precision() -> None:
     names = {p.name for p in PROFILES}
     assert {"smollm2-135m-instruct.float32.toml", "smollm2-135m-instruct.bfloat16.toml"} <= names
+
+
+def test_per_length_thresholds_round_trip_and_unknown_names_are_refused():
+    import tomllib
+
+    import pydantic
+
+    from node.calibrate.report import render_profile
+    from node.profiles import ModelProfile
+
+    flat = {"weight_error_max": 4.0, "sampler_margin_max": 4.0, "logprob_distance_max": 1.0,
+            "candidate_mismatch_rate": 1.0, "surprisal_z": float("inf"), "distance2": 1.4, "distance2@16": 1.4,
+            "distance2@64": 0.8, "temperature_deviation": float("inf"), "temperature_t": 9.0, "temperature_t@16": 9.0,
+            "temperature_t@64": 4.0, "kept_mass_shift": float("inf"), "kept_mass_score": float("inf"),
+            "fingerprint_exponent_mismatches_max": 20, "fingerprint_mantissa_mean_max": 10.0,
+            "fingerprint_sign_mismatches_max": 5}
+    text = render_profile("m", "bfloat16", flat, {"alpha": 0.0, "alpha_upper": 0.01, "honest_runs": 300, "beta": {}},
+                          "test")
+    profile = ModelProfile.model_validate(tomllib.loads(text))
+    t = profile.stage2_thresholds()
+    assert t.by_length == ((16, (("max_distance2", 1.4), ("max_temperature_t", 9.0))),
+                           (64, (("max_distance2", 0.8), ("max_temperature_t", 4.0))))
+    raw = tomllib.loads(text)
+    raw["stage2"]["by_length"]["64"]["max_typo"] = 1.0
+    with pytest.raises(pydantic.ValidationError, match="unknown thresholds"):
+        ModelProfile.model_validate(raw)

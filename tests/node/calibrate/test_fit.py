@@ -6,7 +6,7 @@ import pytest
 
 from node.calibrate.fit import (
     ORDER,
-    choose_pooled_threshold,
+    choose_pooled_thresholds,
     choose_thresholds,
     first_violation,
     held_out_rates,
@@ -152,13 +152,25 @@ def _pooled_records(values_by_length):
     return records
 
 
-def test_a_pooled_threshold_is_six_sigma_over_the_noisiest_length_and_above_every_honest_value():
+def test_a_pooled_threshold_is_six_sigma_per_length_and_above_every_honest_value():
     sixteen = [0.01, 0.03, 0.05, 0.02, 0.04]
     sixty_four = [0.005, 0.01, 0.012, 0.008, 0.009]
-    t = choose_pooled_threshold(_pooled_records({"16": sixteen, "64": sixty_four}), "temperature_deviation")
-    assert t == pytest.approx(statistics.fmean(sixteen) + 6 * statistics.pstdev(sixteen))
-    constant = choose_pooled_threshold(_pooled_records({"16": [0.02] * 5}), "temperature_deviation")
-    assert constant == pytest.approx(1.25 * 0.02)  # zero spread: never below the honest values
+    t = choose_pooled_thresholds(_pooled_records({"16": sixteen, "64": sixty_four}), "temperature_deviation")
+    assert t["16"] == pytest.approx(statistics.fmean(sixteen) + 6 * statistics.pstdev(sixteen))
+    assert t["64"] == pytest.approx(statistics.fmean(sixty_four) + 6 * statistics.pstdev(sixty_four))
+    constant = choose_pooled_thresholds(_pooled_records({"16": [0.02] * 5}), "temperature_deviation")
+    assert constant["16"] == pytest.approx(1.25 * 0.02)  # zero spread: never below the honest values
+
+
+def test_a_response_is_judged_by_the_longest_length_bucket_not_above_it():
+    from node.calibrate.fit import first_violation, thresholds_at
+
+    t = {"distance2": 1.5, "distance2@16": 1.5, "distance2@64": 0.8, "temperature_t": math.inf, "temperature_t@64": 3.0}
+    assert thresholds_at(t, 8)["distance2"] == 1.5  # shorter than every bucket: the flat (largest) one
+    assert thresholds_at(t, 40)["distance2"] == 1.5 and thresholds_at(t, 64)["distance2"] == 0.8
+    assert thresholds_at(t, 500)["temperature_t"] == math.inf  # a signal not decided on stays off
+    assert first_violation({"stage1": "OK", "positions": 64, "distance2": 1.0}, t) == "distance2"
+    assert first_violation({"stage1": "OK", "positions": 32, "distance2": 1.0}, t) == ""
 
 
 def test_a_signal_older_records_lack_gets_no_threshold():

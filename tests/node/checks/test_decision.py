@@ -63,3 +63,18 @@ def test_a_profile_deciding_on_the_temperature_fit_rejects_a_temperature_lie_on_
     assert is_weight_error_only(strict)  # the hot path measures it: no full measurement needed
     assert decide_stage2(fast, off).reason is Reason.OK
     assert decide_stage2(fast, strict).reason is Reason.TEMPERATURE_FIT
+
+
+def test_a_long_response_is_decided_by_its_length_bucket():
+    from node.checks.decision import select_thresholds_for_length
+
+    t = dataclasses.replace(T, max_kept_mass_score=math.inf,
+                            by_length=((16, (("max_distance2", 0.05),)), (64, (("max_distance2", 0.02),
+                                                                              ("max_kept_mass_score", 0.001)))))
+    assert select_thresholds_for_length(t, 10).max_distance2 == 0.05  # below every bucket: the flat one
+    assert select_thresholds_for_length(t, 63).max_distance2 == 0.05
+    assert select_thresholds_for_length(t, 64).max_distance2 == 0.02
+    assert select_thresholds_for_length(t, 64).max_kept_mass_score == math.inf  # not decided on: stays off
+    long = dataclasses.replace(CLEAN, positions=64, distance2=0.03)
+    assert decide_stage2(long, t).reason is Reason.DISTANCE2
+    assert decide_stage2(dataclasses.replace(long, positions=32), t).valid
