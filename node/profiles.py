@@ -50,6 +50,7 @@ class Stage2Section(BaseModel):
     max_temperature_t: float = float("inf")
     max_kept_mass_shift: float = float("inf")
     max_kept_mass_score: float = float("inf")
+    max_kept_mass_t: float = float("inf")
     by_length: dict[int, dict[str, float]] = Field(default_factory=dict)  # min positions → pooled overrides
 
     @field_validator("by_length")

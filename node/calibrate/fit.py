@@ -45,11 +45,10 @@ LENGTHS = ("16", "32", "64", "128")
 MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate",
               "fingerprint_mantissa_mean_max")
 COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
-POOLED = ("temperature_t", "kept_mass_score", "kept_mass_shift", "temperature_deviation", "distance2")
+POOLED = ("temperature_t", "kept_mass_t", "kept_mass_score", "kept_mass_shift", "temperature_deviation", "distance2")
 POOLED_SIGMAS = 6.0
-ORDER = ("weight_error_max", "temperature_t", "kept_mass_score", "kept_mass_shift", "temperature_deviation",
-         "sampler_margin_max",
-         "logprob_distance_max",
+ORDER = ("weight_error_max", "temperature_t", "kept_mass_t", "kept_mass_score", "kept_mass_shift",
+         "temperature_deviation", "sampler_margin_max", "logprob_distance_max",
          "candidate_mismatch_rate", "distance2",
          "surprisal_z", "fingerprint_exponent_mismatches_max", "fingerprint_mantissa_mean_max",
          "fingerprint_sign_mismatches_max")

@@ -28,6 +28,7 @@ PROFILE_KEYS = {
     "surprisal_z": "max_surprisal_z", "distance2": "max_distance2",
     "temperature_deviation": "max_temperature_deviation", "temperature_t": "max_temperature_t",
     "kept_mass_shift": "max_kept_mass_shift", "kept_mass_score": "max_kept_mass_score",
+    "kept_mass_t": "max_kept_mass_t",
 }
 
 

@@ -33,6 +33,7 @@ class Stage2Thresholds:
     max_temperature_t: float = math.inf
     max_kept_mass_shift: float = math.inf
     max_kept_mass_score: float = math.inf
+    max_kept_mass_t: float = math.inf
     by_length: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()  # (min positions, (field, threshold)…)
 
 
@@ -81,6 +82,7 @@ def find_stage2_violation(m: Stage2Measurements, t: Stage2Thresholds) -> Reason:
         (m.weight_error_max, t.max_weight_error, Reason.WEIGHT_ERROR),
         (m.temperature_deviation, t.max_temperature_deviation, Reason.TEMPERATURE_FIT),
         (m.temperature_t, t.max_temperature_t, Reason.TEMPERATURE_FIT),
+        (m.kept_mass_t, t.max_kept_mass_t, Reason.TOP_P_FIT),
         (m.kept_mass_score, t.max_kept_mass_score, Reason.TOP_P_FIT),
         (m.kept_mass_shift, t.max_kept_mass_shift, Reason.TOP_P_FIT),
         (m.sampler_margin_max, t.max_sampler_margin, Reason.SAMPLER_MARGIN),

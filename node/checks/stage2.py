@@ -81,6 +81,7 @@ class Stage2Measurements:
     temperature_t: float = 0.0  # |T̂⁻¹ − T⁻¹| over its standard error (compute_temperature_t)
     kept_mass_shift: float = 0.0  # |mean mass kept against the declared top-k/top-p| (compute_kept_mass_shift)
     kept_mass_score: float = 0.0  # kept_mass_shift · √positions: one honest scale at every length
+    kept_mass_t: float = 0.0  # the per-position shifts' mean over its standard error (compute_kept_mass_t)
 
     def as_dict(self) -> dict[str, float | int]:
         """Return the scalar signals (fingerprint summarised by its worst chunk)."""
@@ -264,7 +265,7 @@ def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits
         sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
         fingerprint=fingerprint, temperature_deviation=fits.temperature_deviation,
         temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift,
-        kept_mass_score=fits.kept_mass_score)
+        kept_mass_score=fits.kept_mass_score, kept_mass_t=fits.kept_mass_t)
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
@@ -281,7 +282,7 @@ def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndar
     fits = measure_sampler_fits(params, positions, logits, own)
     return replace(summarise(rows, fingerprint), temperature_deviation=fits.temperature_deviation,
                    temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift,
-        kept_mass_score=fits.kept_mass_score)
+        kept_mass_score=fits.kept_mass_score, kept_mass_t=fits.kept_mass_t)
 
 
 @dataclass(frozen=True)
@@ -292,15 +293,18 @@ class SamplerFits:
     temperature_t: float
     kept_mass_shift: float
     kept_mass_score: float
+    kept_mass_t: float
 
 
 def measure_sampler_fits(params: SamplingParams, positions: Positions, logits: np.ndarray,
                          own: np.ndarray) -> SamplerFits:
     """Return the temperature fit and the kept-mass shift of the leaves against the declared params."""
-    shift = compute_kept_mass_shift(params, positions, logits, own)
+    shifts = compute_kept_mass_shifts(params, positions, logits, own)
+    shift = compute_kept_mass_shift(shifts)
     return SamplerFits(temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits),
                        temperature_t=compute_temperature_t(params.temperature, positions, logits),
-                       kept_mass_shift=shift, kept_mass_score=compute_kept_mass_score(shift, len(positions)))
+                       kept_mass_shift=shift, kept_mass_score=compute_kept_mass_score(shift, len(positions)),
+                       kept_mass_t=compute_kept_mass_t(shifts))
 
 
 def compute_kept_mass_score(shift: float, positions: int) -> float:
@@ -382,8 +386,9 @@ def compute_temperature_t(temperature: float, positions: Positions, logits: np.n
     return gap / math.sqrt(variance)
 
 
-def compute_kept_mass_shift(params: SamplingParams, positions: Positions, logits: np.ndarray, own: np.ndarray) -> float:
-    """Return |mean over positions of how far the leaf's kept candidates miss the declared top-k/top-p cut|.
+def compute_kept_mass_shifts(params: SamplingParams, positions: Positions, logits: np.ndarray,
+                             own: np.ndarray) -> np.ndarray:
+    """Return per position how far the leaf's kept candidates miss the declared top-k/top-p cut (signed).
 
     Per position, with C(c) the validator's untruncated tempered mass of the first c committed
     candidates: 0 where leaf and validator keep as many; where the leaf keeps fewer, +the mass it
@@ -395,7 +400,7 @@ def compute_kept_mass_shift(params: SamplingParams, positions: Positions, logits
     """
     n = len(positions)
     if n == 0 or params.temperature == 0.0:
-        return 0.0
+        return np.zeros(n)
     z = np.asarray(logits[:n], dtype=np.float64) / params.temperature
     log_norm = z.max(axis=1, keepdims=True)
     log_norm = log_norm + np.log(np.exp(z - log_norm).sum(axis=1, keepdims=True))
@@ -410,8 +415,28 @@ def compute_kept_mass_shift(params: SamplingParams, positions: Positions, logits
     past = np.clip(cumulative[rows, np.maximum(leaf - 1, 0)] - params.top_p, 0.0, None)
     fewer = np.where(nucleus_cut, np.minimum(between, short), between)
     more = np.where(nucleus_cut, np.minimum(between, past), between)
-    shift = np.where(leaf < validator, fewer, np.where(leaf > validator, -more, 0.0))
-    return abs(float(shift.sum())) / n
+    shifts: np.ndarray = np.where(leaf < validator, fewer, np.where(leaf > validator, -more, 0.0))
+    return shifts
+
+
+def compute_kept_mass_shift(shifts: np.ndarray) -> float:
+    """Return |mean| of the per-position kept-mass shifts (0 without positions)."""
+    return abs(float(shifts.mean())) if shifts.size else 0.0
+
+
+def compute_kept_mass_t(shifts: np.ndarray) -> float:
+    """Return |mean| of the per-position kept-mass shifts over its standard error (a one-sample t-value).
+
+    One honest position can move the cut by a lot (bf16 shifted a logit gap by ~0.6 in one measured
+    run: 0.105 of mass), which a mean carries into the run's score; a t-value is 1 for any single
+    spike, whatever its size, while a lie shifts many positions the same way. 0 when nothing moved.
+    """
+    n = shifts.size
+    if n < 2 or not shifts.any():
+        return 0.0
+    mean = float(shifts.mean())
+    sd = float(shifts.std(ddof=1))
+    return abs(mean) / (sd / math.sqrt(n)) if sd > 0.0 else math.inf
 
 
 def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasurement, ...]) -> Stage2Measurements:

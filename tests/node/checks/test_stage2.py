@@ -223,14 +223,14 @@ def test_the_t_value_grows_with_length_under_a_lie_and_not_when_honest():
 
 @pytest.mark.parametrize("declared_p, actual_p", [(1.0, 0.9), (0.9, 0.95), (0.95, 0.9)])
 def test_a_top_p_lie_shows_in_the_kept_mass_and_honest_noise_does_not(declared_p, actual_p):
-    from node.checks.stage2 import compute_kept_mass_shift, compute_own_candidate_weights
+    from node.checks.stage2 import compute_kept_mass_shift, compute_kept_mass_shifts, compute_own_candidate_weights
 
     declared, actual = SamplingParams(1.0, declared_p, 0, 48), SamplingParams(1.0, actual_p, 0, 48)
 
     def shift(params: SamplingParams, seed: int) -> float:
         _, positions, logits = synthetic_leaves(seed, declared, params, scale=5.0)  # peaked: top_p truncates
         own = compute_own_candidate_weights(declared, positions, logits)
-        return compute_kept_mass_shift(declared, positions, logits, own)
+        return compute_kept_mass_shift(compute_kept_mass_shifts(declared, positions, logits, own))
 
     honest = [shift(declared, s) for s in range(40)]
     lies = [shift(actual, s) for s in range(40)]
@@ -248,3 +248,19 @@ def test_the_sampler_fits_are_the_same_on_the_hot_path_and_in_the_full_measureme
         (full.temperature_t, full.kept_mass_shift, full.kept_mass_score)
     assert fast.kept_mass_score == pytest.approx(fast.kept_mass_shift * math.sqrt(len(positions)))
     assert fast.kept_mass_shift > 0 and fast.temperature_t > 0
+
+
+def test_the_kept_mass_t_value_ignores_one_spike_and_sees_a_one_sided_lie():
+    from node.checks.stage2 import compute_kept_mass_shifts, compute_kept_mass_t, compute_own_candidate_weights
+
+    assert compute_kept_mass_t(np.array([0.0, 0.0, 0.105, 0.0, 0.0, 0.0])) == pytest.approx(1.0)  # any single spike
+    assert compute_kept_mass_t(np.zeros(16)) == 0.0 and compute_kept_mass_t(np.full(8, 0.02)) == math.inf
+    declared, lie = SamplingParams(1.0, 0.9, 0, 48), SamplingParams(1.0, 0.95, 0, 48)
+
+    def t(params: SamplingParams, seed: int) -> float:
+        _, positions, logits = synthetic_leaves(seed, declared, params, scale=5.0, noise=0.1)
+        return compute_kept_mass_t(compute_kept_mass_shifts(declared, positions, logits,
+                                                            compute_own_candidate_weights(declared, positions, logits)))
+
+    honest, lies = [t(declared, s) for s in range(30)], [t(lie, s) for s in range(30)]
+    assert max(honest) < 3.0 < min(lies)
