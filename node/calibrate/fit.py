@@ -20,7 +20,8 @@ length of the calibration half's honest runs:
   positions averaged (bf16: honest distance2 up to 1.16 at 16 tokens, 0.67 at 64), so one
   threshold would be set by the shortest responses and blind at the longer ones.
 A signal some honest records lack (recorded only by later campaigns) gets no threshold (inf).
-Then the distribution signals are selected on the calibration half too (the fingerprint, the
+The kept-mass mean and score (HEAVY_TAILED) are reported, never decided on. Then the distribution
+signals are selected on the calibration half too (the fingerprint, the
 activation commitment, is always kept): going from the least specific signal up, a signal whose
 every rejection of an attack run is also made by the signals kept is dropped (its threshold
 becomes inf: measured and reported, not decided on). Each signal kept adds its own tail of honest
@@ -47,6 +48,10 @@ MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_ra
 COUNTS = ("fingerprint_exponent_mismatches_max", "fingerprint_sign_mismatches_max")
 POOLED = ("temperature_t", "kept_mass_t", "kept_mass_score", "kept_mass_shift", "temperature_deviation", "distance2")
 POOLED_SIGMAS = 6.0
+# Measured, never decided on: the kept-mass mean is a sum of rare per-position spikes (one honest bf16
+# position moved the top_p cut by 0.105), not near-normal, so the six-sigma rule does not bound it (the
+# first bf16 campaign: held-out honest 0.0131 over a 0.0071 threshold); its t-value decides instead.
+HEAVY_TAILED = ("kept_mass_score", "kept_mass_shift")
 ORDER = ("weight_error_max", "temperature_t", "kept_mass_t", "kept_mass_score", "kept_mass_shift",
          "temperature_deviation", "sampler_margin_max", "logprob_distance_max",
          "candidate_mismatch_rate", "distance2",
@@ -126,7 +131,7 @@ def thresholds_at(thresholds: dict[str, float], positions: int) -> dict[str, flo
 def select_signals(records: list[dict[str, Any]], thresholds: dict[str, float]) -> dict[str, float]:
     """Return the thresholds with signals redundant on the calibration half's attacks set to inf."""
     attacks = [s for _, _, s in rows(records, "attack", True)]
-    kept = dict(thresholds)
+    kept = {**thresholds, **{name: math.inf for name in HEAVY_TAILED if name in thresholds}}
     for name in reversed(SELECTABLE):
         trial = {k: v for k, v in kept.items() if k != name}
         if all(bool(first_violation(s, trial)) == bool(first_violation(s, kept)) for s in attacks):

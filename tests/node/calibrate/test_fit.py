@@ -191,3 +191,14 @@ def test_the_kept_mass_score_is_derived_exactly_where_older_records_lack_it():
     assert with_derived_signals(old)["kept_mass_score"] == compute_kept_mass_score(0.01, 16) == 0.04
     assert with_derived_signals({**old, "kept_mass_score": 7.0})["kept_mass_score"] == 7.0  # measured wins
     assert "kept_mass_score" not in with_derived_signals({"stage1": "OK", "positions": 16})
+
+
+def test_heavy_tailed_signals_are_reported_never_decided():
+    from node.calibrate.fit import HEAVY_TAILED, select_signals
+
+    key = next(f"attack/top-p-lie/{i}" for i in range(100) if is_calibration_split(f"attack/top-p-lie/{i}"))
+    only_the_score_sees_it = {"key": key, "kind": "attack", "name": "top-p-lie", "lengths": {"64": {
+        "stage1": "OK", "positions": 64, "weight_error_max": 0.0, "kept_mass_t": 1.0, "kept_mass_score": 0.05}}}
+    thresholds = {"weight_error_max": 0.1, "kept_mass_t": 4.0, "kept_mass_score": 0.01, "kept_mass_shift": 0.002}
+    kept = select_signals([only_the_score_sees_it], thresholds)
+    assert all(kept[name] == math.inf for name in HEAVY_TAILED)  # even where it alone catches an attack
