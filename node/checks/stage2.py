@@ -328,7 +328,7 @@ def compute_temperature_pairs(positions: Positions, logits: np.ndarray) -> Tempe
     """Return every candidate pair (top candidate, j) with its logit gap and committed log-weight ratio."""
     n = len(positions)
     w = positions.weights.astype(np.float64)
-    z = np.take_along_axis(np.asarray(logits[:n], dtype=np.float64), positions.token_ids.astype(np.int64), axis=1)
+    z = np.take_along_axis(np.asarray(logits[:n]), positions.token_ids.astype(np.int64), axis=1).astype(np.float64)
     usable = (w[:, :1] >= TEMPERATURE_FIT_MIN_WEIGHT) & (w[:, 1:] >= TEMPERATURE_FIT_MIN_WEIGHT)
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(usable, np.log(np.maximum(w[:, :1], 1.0)) - np.log(np.maximum(w[:, 1:], 1.0)), 0.0)
@@ -399,23 +399,26 @@ def compute_kept_mass_shifts(params: SamplingParams, positions: Positions, logit
     whole mass. 0 under greedy decoding, where the weight error and the temperature checks decide.
     """
     n = len(positions)
-    if n == 0 or params.temperature == 0.0:
-        return np.zeros(n)
-    z = np.asarray(logits[:n], dtype=np.float64) / params.temperature
+    shifts: np.ndarray = np.zeros(n)
+    all_leaf = (positions.weights > 0).sum(axis=1)
+    all_validator = (own > 0).sum(axis=1)
+    moved = np.nonzero(all_leaf != all_validator)[0]  # only these rows need the normaliser (the costly part)
+    if n == 0 or params.temperature == 0.0 or moved.size == 0:
+        return shifts
+    leaf, validator = all_leaf[moved], all_validator[moved]
+    z = np.asarray(logits[moved], dtype=np.float64) / params.temperature
     log_norm = z.max(axis=1, keepdims=True)
     log_norm = log_norm + np.log(np.exp(z - log_norm).sum(axis=1, keepdims=True))
-    p = np.exp(np.take_along_axis(z, positions.token_ids.astype(np.int64), axis=1) - log_norm)
-    cumulative = np.concatenate([np.zeros((n, 1)), np.cumsum(p, axis=1)], axis=1)  # C(0..K)
-    rows = np.arange(n)
-    leaf = (positions.weights > 0).sum(axis=1)
-    validator = (own > 0).sum(axis=1)
+    p = np.exp(np.take_along_axis(z, positions.token_ids[moved].astype(np.int64), axis=1) - log_norm)
+    cumulative = np.concatenate([np.zeros((moved.size, 1)), np.cumsum(p, axis=1)], axis=1)  # C(0..K)
+    rows = np.arange(moved.size)
     between = np.abs(cumulative[rows, leaf] - cumulative[rows, validator])
     nucleus_cut = (params.top_p < 1.0) & (validator != params.top_k)
     short = np.clip(params.top_p - cumulative[rows, leaf], 0.0, None)
     past = np.clip(cumulative[rows, np.maximum(leaf - 1, 0)] - params.top_p, 0.0, None)
     fewer = np.where(nucleus_cut, np.minimum(between, short), between)
     more = np.where(nucleus_cut, np.minimum(between, past), between)
-    shifts: np.ndarray = np.where(leaf < validator, fewer, np.where(leaf > validator, -more, 0.0))
+    shifts[moved] = np.where(leaf < validator, fewer, -more)
     return shifts
 
 
