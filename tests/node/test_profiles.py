@@ -40,6 +40,7 @@ def test_per_length_thresholds_round_trip_and_unknown_names_are_refused():
             "candidate_mismatch_rate": 1.0, "surprisal_z": float("inf"), "distance2": 1.4, "distance2@16": 1.4,
             "distance2@64": 0.8, "temperature_deviation": float("inf"), "temperature_t": 9.0, "temperature_t@16": 9.0,
             "temperature_t@64": 4.0, "kept_mass_shift": float("inf"), "kept_mass_score": float("inf"),
+            "kept_mass_t": float("inf"),
             "fingerprint_exponent_mismatches_max": 20, "fingerprint_mantissa_mean_max": 10.0,
             "fingerprint_sign_mismatches_max": 5}
     text = render_profile("m", "bfloat16", flat, {"alpha": 0.0, "alpha_upper": 0.01, "honest_runs": 300, "beta": {}},
