@@ -21,7 +21,8 @@ per mismatching position); its raw sum is reported separately.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -240,9 +241,8 @@ def compute_own_candidate_weights(params: SamplingParams, positions: Positions, 
                                          params)[0][positions.token_ids[i]] for i in range(n)]).astype(np.int64)
 
 
-def measure_weight_errors(header: ArtifactHeader, positions: Positions, logits: np.ndarray) -> np.ndarray:
-    """Return every position's weight error in a few vectorised passes (the decision path: no sort, no logs)."""
-    own = compute_own_candidate_weights(header.params, positions, logits)
+def compute_weight_errors(positions: Positions, own: np.ndarray) -> np.ndarray:
+    """Return every position's largest |committed − validator| weight, as a share of 2^32."""
     if not len(positions):
         return np.zeros(0)
     errors: np.ndarray = np.abs(positions.weights.astype(np.int64) - own).max(axis=1) / WEIGHT_ONE
@@ -254,18 +254,14 @@ def measure_stage2_decision(header: ArtifactHeader, positions: Positions, logits
     """Return only what the hot path decides on: weight error and the sampler fits (the rest NaN)."""
     params = header.params
     own = compute_own_candidate_weights(params, positions, logits)
-    errors = np.abs(positions.weights.astype(np.int64) - own).max(axis=1) / WEIGHT_ONE if len(positions) \
-        else np.zeros(0)
-    fits = measure_sampler_fits(params, positions, logits, own)
+    errors = compute_weight_errors(positions, own)
     nan = math.nan
     return Stage2Measurements(
         positions=len(positions), distance2=nan, logprob_distance_sum=nan, logprob_distance_max=nan,
         candidate_mismatch_rate=nan, weight_error_max=float(errors.max()) if errors.size else 0.0,
         weight_error_mean=float(errors.mean()) if errors.size else 0.0, sampler_margin_max=nan,
         sampler_mismatches=0, surprisal_z=nan, surprisal_mean=nan, entropy_mean=nan, perplexity=nan,
-        fingerprint=fingerprint, temperature_deviation=fits.temperature_deviation,
-        temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift,
-        kept_mass_score=fits.kept_mass_score, kept_mass_t=fits.kept_mass_t)
+        fingerprint=fingerprint, **measure_sampler_fits(params, positions, logits, own).fields())
 
 
 def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndarray,
@@ -279,10 +275,7 @@ def measure_stage2(header: ArtifactHeader, positions: Positions, logits: np.ndar
     rows = [measure_position_fast(logits[i], params, int(v[i]), int(positions.chosen[i]), positions.token_ids[i],
                              positions.weights[i], positions.raw_logprobs[i]) for i in range(n)]
     own = compute_own_candidate_weights(params, positions, logits)
-    fits = measure_sampler_fits(params, positions, logits, own)
-    return replace(summarise(rows, fingerprint), temperature_deviation=fits.temperature_deviation,
-                   temperature_t=fits.temperature_t, kept_mass_shift=fits.kept_mass_shift,
-        kept_mass_score=fits.kept_mass_score, kept_mass_t=fits.kept_mass_t)
+    return replace(summarise(rows, fingerprint), **measure_sampler_fits(params, positions, logits, own).fields())
 
 
 @dataclass(frozen=True)
@@ -295,14 +288,20 @@ class SamplerFits:
     kept_mass_score: float
     kept_mass_t: float
 
+    def fields(self) -> dict[str, Any]:
+        """Return the fits as Stage2Measurements field values."""
+        return asdict(self)
+
 
 def measure_sampler_fits(params: SamplingParams, positions: Positions, logits: np.ndarray,
                          own: np.ndarray) -> SamplerFits:
     """Return the temperature fit and the kept-mass shift of the leaves against the declared params."""
     shifts = compute_kept_mass_shifts(params, positions, logits, own)
     shift = compute_kept_mass_shift(shifts)
-    return SamplerFits(temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits),
-                       temperature_t=compute_temperature_t(params.temperature, positions, logits),
+    pairs = compute_temperature_pairs(positions, logits)  # shared by both temperature fits
+    return SamplerFits(temperature_deviation=compute_temperature_deviation(params.temperature, positions, logits,
+                                                                           pairs),
+                       temperature_t=compute_temperature_t(params.temperature, positions, logits, pairs),
                        kept_mass_shift=shift, kept_mass_score=compute_kept_mass_score(shift, len(positions)),
                        kept_mass_t=compute_kept_mass_t(shifts))
 
@@ -340,19 +339,32 @@ def is_exactly_greedy(positions: Positions) -> bool:
     return bool(((positions.weights[:, 0] == WEIGHT_MAX) & (positions.weights[:, 1:] == 0).all(axis=1)).all())
 
 
-def compute_temperature_deviation(temperature: float, positions: Positions, logits: np.ndarray) -> float:
-    """Return |T̂/T − 1|, where 1/T̂ is the pooled slope of the committed log-weight ratios on the logit gaps.
+def compute_unfittable_temperature(temperature: float, positions: Positions) -> float | None:
+    """Return a temperature fit's value where there is no slope to fit (no positions, greedy), else None.
 
-    Honest sampling at T puts ln(w_0/w_j) = (z_0 − z_j)/T for every pair of kept candidates, whatever
-    top-k/top-p keep; per-position noise (bf16 execution) averages out over the pairs, a temperature lie
-    does not. Greedy decoding has no noise to average: its canonical weights are exactly one-hot, so any
-    other leaf is infinitely far (inf); 0 where nothing can be measured (fewer than two weighted candidates).
+    Greedy decoding has no noise to average: its canonical weights are exactly one-hot, so any other
+    leaf is infinitely far (inf).
     """
     if len(positions) == 0:
         return 0.0
     if temperature == 0.0:
         return 0.0 if is_exactly_greedy(positions) else math.inf
-    pairs = compute_temperature_pairs(positions, logits)
+    return None
+
+
+def compute_temperature_deviation(temperature: float, positions: Positions, logits: np.ndarray,
+                                  pairs: TemperaturePairs | None = None) -> float:
+    """Return |T̂/T − 1|, where 1/T̂ is the pooled slope of the committed log-weight ratios on the logit gaps.
+
+    Honest sampling at T puts ln(w_0/w_j) = (z_0 − z_j)/T for every pair of kept candidates, whatever
+    top-k/top-p keep; per-position noise (bf16 execution) averages out over the pairs, a temperature lie
+    does not. Greedy: see compute_unfittable_temperature; 0 where nothing can be measured (fewer than
+    two weighted candidates). ``pairs``: already computed from the same positions and logits.
+    """
+    unfittable = compute_unfittable_temperature(temperature, positions)
+    if unfittable is not None:
+        return unfittable
+    pairs = pairs or compute_temperature_pairs(positions, logits)
     sxx = float((pairs.x * pairs.x).sum())
     sxy = float((pairs.x * pairs.y).sum())
     if sxx <= 1e-12 or sxy <= 0.0:
@@ -360,7 +372,8 @@ def compute_temperature_deviation(temperature: float, positions: Positions, logi
     return abs(sxx / (sxy * temperature) - 1.0)
 
 
-def compute_temperature_t(temperature: float, positions: Positions, logits: np.ndarray) -> float:
+def compute_temperature_t(temperature: float, positions: Positions, logits: np.ndarray,
+                          pairs: TemperaturePairs | None = None) -> float:
     """Return |1/T̂ − 1/T| in standard errors of the pooled slope, clustered by position.
 
     The deviation's noise shrinks with the number of pairs, so one threshold on it is set by the shortest
@@ -368,11 +381,10 @@ def compute_temperature_t(temperature: float, positions: Positions, logits: np.n
     Pairs of one position share its top candidate's noise, so the error is the cluster-robust one
     (sandwich over positions, G/(G−1) corrected); 0 with fewer than two positions to cluster.
     """
-    if len(positions) == 0:
-        return 0.0
-    if temperature == 0.0:
-        return 0.0 if is_exactly_greedy(positions) else math.inf
-    pairs = compute_temperature_pairs(positions, logits)
+    unfittable = compute_unfittable_temperature(temperature, positions)
+    if unfittable is not None:
+        return unfittable
+    pairs = pairs or compute_temperature_pairs(positions, logits)
     sxx = float((pairs.x * pairs.x).sum())
     clusters = int(pairs.usable.any(axis=1).sum())
     if sxx <= 1e-12 or clusters < 2:
