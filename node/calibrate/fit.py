@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.checks.decision import select_length_bucket
 from node.checks.stage2 import compute_kept_mass_score
 
 LENGTHS = ("16", "32", "64", "128")
@@ -119,8 +120,7 @@ def thresholds_at(thresholds: dict[str, float], positions: int) -> dict[str, flo
     The bucket is the longest calibrated length not above the positions (a longer response is less
     noisy than its bucket); shorter than every bucket, the flat threshold (the largest) applies.
     """
-    lengths = sorted({int(key.split("@")[1]) for key in thresholds if "@" in key})
-    bucket = max((n for n in lengths if n <= positions), default=None)
+    bucket = select_length_bucket({int(key.split("@")[1]) for key in thresholds if "@" in key}, positions)
     if bucket is None:
         return thresholds
     overrides = {key.split("@")[0]: value for key, value in thresholds.items() if key.endswith(f"@{bucket}")}

@@ -8,6 +8,7 @@ signed verdict.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,16 +63,22 @@ def is_weight_error_only(t: Stage2Thresholds) -> bool:
                                        t.max_distance2, t.max_surprisal_z))
 
 
+def select_length_bucket(lengths: Iterable[int], positions: int) -> int | None:
+    """Return the longest calibrated length not above the positions (None: shorter than every one)."""
+    return max((n for n in lengths if n <= positions), default=None)
+
+
 def select_thresholds_for_length(t: Stage2Thresholds, positions: int) -> Stage2Thresholds:
     """Return the thresholds for this many positions: the longest length bucket not above it overrides.
 
     Only signals the profile decides on (a finite flat threshold) take a bucket's value; shorter than
     every bucket, the flat thresholds (the largest) apply.
     """
-    bucket = max((b for b in t.by_length if b[0] <= positions), key=lambda b: b[0], default=None)
+    bucket = select_length_bucket((n for n, _ in t.by_length), positions)
     if bucket is None:
         return t
-    overrides: dict[str, Any] = {name: value for name, value in bucket[1] if math.isfinite(getattr(t, name))}
+    values = dict(t.by_length)[bucket]
+    overrides: dict[str, Any] = {name: value for name, value in values if math.isfinite(getattr(t, name))}
     return replace(t, **overrides)
 
 
