@@ -96,6 +96,7 @@ class EventStream:
     chunk: int = 2000
     _seen: OrderedDict[tuple[str, int], None] = field(default_factory=OrderedDict)
     healthy: bool = True
+    heads_live: asyncio.Event = field(default_factory=asyncio.Event)  # set while a newHeads subscription is up
 
     def __post_init__(self) -> None:
         self._decoders: dict[bytes, Any] = {}
@@ -186,7 +187,7 @@ class EventStream:
         """Poll forever (woken by new heads over WebSocket when available), handing batches to `handle`."""
         stop = stop or asyncio.Event()
         wake = asyncio.Event()
-        heads = asyncio.create_task(_watch_heads(ws_url, wake, stop)) if ws_url else None
+        heads = asyncio.create_task(_watch_heads(ws_url, wake, stop, self.heads_live)) if ws_url else None
         backoff = interval
         try:
             while not stop.is_set():
@@ -199,8 +200,7 @@ class EventStream:
                 except ChainUnavailable as exc:
                     log.warning("rpc unavailable, retrying", extra={"error": str(exc), "in_s": backoff})
                     backoff = min(backoff * 2, 30.0)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=backoff)
+                await _wait_any(wake, stop, timeout=backoff)
         finally:
             if heads:
                 heads.cancel()
@@ -208,7 +208,17 @@ class EventStream:
                     await heads
 
 
-async def _watch_heads(ws_url: str, wake: asyncio.Event, stop: asyncio.Event) -> None:
+async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
+    """Return when any of `events` is set or `timeout` seconds have passed."""
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+async def _watch_heads(ws_url: str, wake: asyncio.Event, stop: asyncio.Event, live: asyncio.Event) -> None:
     """Set `wake` on every new head; on any WebSocket failure fall back to polling and retry later."""
     from web3 import AsyncWeb3, WebSocketProvider
 
@@ -216,10 +226,14 @@ async def _watch_heads(ws_url: str, wake: asyncio.Event, stop: asyncio.Event) ->
         try:
             async with AsyncWeb3(WebSocketProvider(ws_url)) as w3:
                 await w3.eth.subscribe("newHeads")
+                live.set()
+                wake.set()  # one catch-up poll for heads that arrived while connecting
                 async for _ in w3.socket.process_subscriptions():
                     wake.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the HTTP poll keeps working meanwhile
             log.info("websocket unavailable, polling", extra={"error": str(exc)})
+        finally:
+            live.clear()
         await asyncio.sleep(5.0)

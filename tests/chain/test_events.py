@@ -156,7 +156,8 @@ def test_websocket_new_heads_wake_the_poller(anvil_net: Net, anvil) -> None:
 
         # a 60 s poll interval: only a WebSocket wake-up can deliver within the timeout below
         task = asyncio.create_task(s.run(handle, interval=60.0, ws_url=anvil.ws_url, stop=stop))
-        await asyncio.sleep(1.0)  # first poll done (nothing confirmed yet), subscription up
+        await asyncio.wait_for(s.heads_live.wait(), timeout=30)  # subscription up (no fixed sleep: CI is slow)
+        await asyncio.sleep(0.5)  # the catch-up poll it triggers finds nothing confirmed
         started = loop.time()
         await asyncio.to_thread(anvil_net.mine, 2)
         await asyncio.wait_for(task, timeout=20)
@@ -164,3 +165,22 @@ def test_websocket_new_heads_wake_the_poller(anvil_net: Net, anvil) -> None:
 
     elapsed = asyncio.run(scenario())
     assert got == ["InferenceRequested"] and elapsed < 20
+
+
+def test_stop_ends_the_run_loop_without_waiting_out_the_poll_interval(anvil_net: Net) -> None:
+    s = stream(anvil_net)
+    request(anvil_net)
+    anvil_net.mine(2)
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def handle(events, notice) -> None:
+            stop.set()  # e.g. a shutdown signal arriving while the loop is about to sleep 60 s
+
+        await asyncio.wait_for(s.run(handle, interval=60.0, stop=stop), timeout=30)
+        return loop.time() - started
+
+    assert asyncio.run(scenario()) < 10
