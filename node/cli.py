@@ -136,7 +136,10 @@ def calibrate_fit(
     report: Path = typer.Option(None, help="Report folder (default: the runs folder)."),
     write_profile: bool = typer.Option(True, help="Write config/profiles/<model>.<dtype>.toml."),
 ) -> None:
-    """Choose thresholds on the calibration half, report rates on the held-out half, write the profile."""
+    """Choose thresholds on the calibration half, report rates on the held-out half, write the profile.
+
+    fresh*.jsonl (honest runs recorded after the thresholds were fixed) are reported, never fitted.
+    """
     from node.calibrate.report import render_profile, write_report
     from node.calibrate.runs import read_records
     from node.engines.models import REPO_ROOT
@@ -144,9 +147,10 @@ def calibrate_fit(
     runs = runs or Path("docs/calibration") / f"{model}.{dtype}"
     records = [r for path in sorted(runs.glob("runs*.jsonl")) if path.name != "runs-sweep.jsonl"
                for r in read_records(path)]
+    fresh = [r for path in sorted(runs.glob("fresh*.jsonl")) for r in read_records(path)]
     folder = report or runs
     sweep = read_records(runs / "runs-sweep.jsonl")
-    thresholds, rates = write_report(records, folder, model, dtype, sweep)
+    thresholds, rates = write_report(records, folder, model, dtype, sweep, fresh)
     console.print(f"report: {folder / 'report.md'} ({len(records)} records); alpha {rates['alpha']:.4f} "
                   f"(95 % upper {rates['alpha_upper']:.4f}) over {rates['honest_runs']} held-out honest runs")
     if write_profile:

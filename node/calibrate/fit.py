@@ -18,7 +18,13 @@ length of the calibration half's honest runs:
   A max-based safety factor would bury them: under bf16 noise a temperature lie moves the fit by
   0.1 where honest runs spread by ~0.01. Per length, because their honest spread shrinks with the
   positions averaged (bf16: honest distance2 up to 1.16 at 16 tokens, 0.67 at 64), so one
-  threshold would be set by the shortest responses and blind at the longer ones.
+  threshold would be set by the shortest responses and blind at the longer ones. For the averages
+  and the temperature t-value (SHRINKING) a length's threshold is never below a longer length's:
+  their honest spread cannot grow with the positions averaged, so a shorter length whose sample
+  happened to be tighter has a thin tail estimate, not a tighter truth (the first bf16 fit set
+  temperature_deviation to 0.085 at 32 tokens under 0.134 at 64, and its one held-out false
+  positive was 0.098 at 32). The kept-mass t-value is left alone: it is mostly exact zeros, and its
+  honest maximum grows with length (bf16 calibration half: 1.67 at 16 tokens, 2.02 at 64).
 A signal some honest records lack (recorded only by later campaigns) gets no threshold (inf).
 The kept-mass mean and score (HEAVY_TAILED) are reported, never decided on. Then the distribution
 signals are selected on the calibration half too (the fingerprint, the
@@ -53,6 +59,7 @@ POOLED_SIGMAS = 6.0
 # position moved the top_p cut by 0.105), not near-normal, so the six-sigma rule does not bound it (the
 # first bf16 campaign: held-out honest 0.0131 over a 0.0071 threshold); its t-value decides instead.
 HEAVY_TAILED = ("kept_mass_score", "kept_mass_shift")
+SHRINKING = ("temperature_t", "kept_mass_shift", "temperature_deviation", "distance2")
 ORDER = ("weight_error_max", "temperature_t", "kept_mass_t", "kept_mass_score", "kept_mass_shift",
          "temperature_deviation", "sampler_margin_max", "logprob_distance_max",
          "candidate_mismatch_rate", "distance2",
@@ -105,13 +112,25 @@ def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def choose_pooled_thresholds(records: list[dict[str, Any]], name: str) -> dict[str, float]:
-    """Return per length: honest mean + POOLED_SIGMAS sd, at least 1.25 × the largest honest value at that length."""
+    """Return per length: honest mean + POOLED_SIGMAS sd, at least 1.25 × the largest honest value at that length.
+
+    For a SHRINKING signal, also at least every longer length's threshold.
+    """
     by_length: dict[str, list[float]] = {}
     for _, length, s in rows(records, "honest", True):
         if s["stage1"] == "OK" and math.isfinite(float(s[name])):
             by_length.setdefault(length, []).append(float(s[name]))
-    return {length: max(statistics.fmean(v) + POOLED_SIGMAS * statistics.pstdev(v), 1.25 * max(v))
-            for length, v in sorted(by_length.items(), key=lambda item: int(item[0]))}
+    own = {length: max(statistics.fmean(v) + POOLED_SIGMAS * statistics.pstdev(v), 1.25 * max(v))
+           for length, v in sorted(by_length.items(), key=lambda item: int(item[0]))}
+    return compute_non_increasing_envelope(own) if name in SHRINKING else own
+
+
+def compute_non_increasing_envelope(per_length: dict[str, float]) -> dict[str, float]:
+    """Return per length the largest threshold at that length or any longer one."""
+    out: dict[str, float] = {}
+    for length in sorted(per_length, key=int, reverse=True):
+        out[length] = max(per_length[length], *out.values()) if out else per_length[length]
+    return dict(sorted(out.items(), key=lambda item: int(item[0])))
 
 
 def thresholds_at(thresholds: dict[str, float], positions: int) -> dict[str, float]:
@@ -190,10 +209,13 @@ def is_no_op(record: dict[str, Any]) -> bool:
 
 
 def held_out_rates(records: list[dict[str, Any]], thresholds: dict[str, float],
-                   use_stage1: bool = True) -> dict[str, dict[str, Rates]]:
-    """Return rejection counts per group ("honest" or attack name) and length on the held-out half."""
+                   use_stage1: bool = True, split: bool | None = False) -> dict[str, dict[str, Rates]]:
+    """Return rejection counts per group ("honest" or attack name) and length on the held-out half.
+
+    `split=None` counts every record: for fresh runs recorded after the thresholds were fixed.
+    """
     out: dict[str, dict[str, Rates]] = {}
-    for r, length, signals in rows(records, None, False):
+    for r, length, signals in rows(records, None, split):
         if is_no_op(r):
             continue
         group = "honest" if r["kind"] == "honest" else r["name"]

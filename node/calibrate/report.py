@@ -108,8 +108,24 @@ def sweep_lines(sweep: list[dict[str, Any]], thresholds: dict[str, float]) -> li
     return lines
 
 
+def fresh_lines(fresh: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str]:
+    """Return the report section for fresh honest runs: recorded after the thresholds were fixed, never fitted."""
+    rates = held_out_rates(fresh, thresholds, split=None).get("honest", {})
+    lines = ["", "## False positives on fresh honest runs", "",
+             "Honest runs recorded after these thresholds and their rule were fixed (fresh*.jsonl beside this "
+             "file, new run keys: other prompts, params and seeds), all of them held out: a check that the "
+             "threshold rule, not only the thresholds, generalises.", "",
+             "| tokens | rejected | 95 % upper bound | caught by |", "|---:|---:|---:|---|"]
+    for n in LENGTHS:
+        r = rates.get(n)
+        if r and r.n:
+            lines.append(f"| {n} | {_fmt_rate(r)} | {100 * upper_bound(r.rejected, r.n):.2f} % | {_caught(r)} |")
+    return lines
+
+
 def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype: str,
-                 sweep: list[dict[str, Any]] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+                 sweep: list[dict[str, Any]] | None = None,
+                 fresh: list[dict[str, Any]] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
     """Write report.md and PNGs into folder; return the thresholds and the rates for the profile."""
     folder.mkdir(parents=True, exist_ok=True)
     chosen = choose_thresholds(records)
@@ -154,6 +170,8 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     for n, r in honest_n.items():
         if r.n:
             lines.append(f"| {n} | {_fmt_rate(r)} | {100 * upper_bound(r.rejected, r.n):.2f} % |")
+    if fresh:
+        lines += fresh_lines(fresh, thresholds)
     no_ops = sum(1 for r in records if is_no_op(r) and not is_calibration_split(r["key"]))
     lines += ["", "## Detection per attack (held-out), all checks", "",
               f"Left out as no-ops: {no_ops} held-out top-p-lie runs at temperature 0, where greedy decoding "

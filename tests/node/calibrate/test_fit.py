@@ -162,6 +162,29 @@ def test_a_pooled_threshold_is_six_sigma_per_length_and_above_every_honest_value
     assert constant["16"] == pytest.approx(1.25 * 0.02)  # zero spread: never below the honest values
 
 
+def test_an_average_threshold_never_falls_below_a_longer_lengths():
+    from node.calibrate.fit import SHRINKING
+
+    tight_at_32 = {"16": [0.05, 0.06, 0.04], "32": [0.010, 0.011, 0.012], "64": [0.02, 0.03, 0.025]}
+    t = choose_pooled_thresholds(_pooled_records(tight_at_32), "temperature_deviation")
+    own_64 = statistics.fmean(tight_at_32["64"]) + 6 * statistics.pstdev(tight_at_32["64"])
+    assert "temperature_deviation" in SHRINKING
+    assert t["64"] == pytest.approx(own_64) and t["32"] == pytest.approx(own_64)  # raised to the 64-token one
+    assert t["16"] > own_64  # its own, larger threshold is kept
+    assert list(t) == ["16", "32", "64"]
+
+
+def test_a_growing_signal_keeps_its_own_per_length_thresholds():
+    from node.calibrate.fit import compute_non_increasing_envelope
+
+    assert compute_non_increasing_envelope({"16": 2.0, "32": 3.0, "64": 2.5}) == {"16": 3.0, "32": 3.0, "64": 2.5}
+    growing = [{"key": r["key"], "kind": "honest", "name": "x",
+                "lengths": {n: {"stage1": "OK", "kept_mass_t": v * float(n)} for n in ("16", "64")}}
+               for r, v in zip(_pooled_records({"16": [0.0] * 3}), (0.1, 0.12, 0.11), strict=True)]
+    t = choose_pooled_thresholds(growing, "kept_mass_t")  # not SHRINKING: 16's threshold stays below 64's
+    assert t["16"] < t["64"]
+
+
 def test_a_response_is_judged_by_the_longest_length_bucket_not_above_it():
     from node.calibrate.fit import first_violation, thresholds_at
 
@@ -202,3 +225,17 @@ def test_heavy_tailed_signals_are_reported_never_decided():
     thresholds = {"weight_error_max": 0.1, "kept_mass_t": 4.0, "kept_mass_score": 0.01, "kept_mass_shift": 0.002}
     kept = select_signals([only_the_score_sees_it], thresholds)
     assert all(kept[name] == math.inf for name in HEAVY_TAILED)  # even where it alone catches an attack
+
+
+def test_fresh_runs_are_all_counted_and_never_change_the_thresholds(tmp_path):
+    from node.calibrate.report import fresh_lines, write_report
+
+    calibration = [record(k, "honest", "x", weight_error_max=0.001) for k in keys(True, 4, "honest/x")]
+    held_out = [record(k, "honest", "x", weight_error_max=0.001) for k in keys(False, 2, "honest/x")]
+    fresh = [record(k, "honest", "y", weight_error_max=w) for k, w in
+             zip(keys(True, 2, "fresh/y") + keys(False, 1, "fresh/y"), (0.001, 0.002, 0.5), strict=True)]
+    lines = "\n".join(fresh_lines(fresh, choose_thresholds(calibration + held_out)))
+    assert "| 16 | 33.3 % (1/3) |" in lines and "weight_error_max 1" in lines  # both halves of the fresh runs count
+    plain, _ = write_report(calibration + held_out, tmp_path / "a", "m", "float32")
+    with_fresh, _ = write_report(calibration + held_out, tmp_path / "b", "m", "float32", fresh=fresh)
+    assert plain == with_fresh and "fresh honest runs" in (tmp_path / "b" / "report.md").read_text()
