@@ -337,9 +337,21 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a run killed mid-write), so appending cannot glue onto it."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        log.warning("dropping a torn last record in %s", path)
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
 def run_calibration(lab: Lab, path: Path, specs: list[RunSpec], progress: Callable[[int, int], None]) -> int:
     """Run every spec not yet in the records file, appending records; return how many ran."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    drop_torn_tail(path)
     done = {r["key"].rsplit("/", 1)[0] if r["name"] == "batch4" else r["key"] for r in read_records(path)}
     todo = [s for s in specs if s.key not in done]
     with path.open("a") as f:

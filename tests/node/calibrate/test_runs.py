@@ -37,3 +37,20 @@ def test_a_second_campaign_never_reuses_the_first_ones_keys():
     first = {s.key for s in plan_runs(50, 4, ("threads2", "batch4"))}
     second = {s.key for s in plan_runs(50, 4, ("threads2", "batch4"), start=10_000)}
     assert len(second) == len(first) and not first & second
+
+
+def test_a_torn_last_record_is_cut_before_appending(tmp_path):
+    from node.calibrate.runs import drop_torn_tail, read_records
+
+    path = tmp_path / "runs.jsonl"
+    path.write_text('{"key": "a"}\n{"key": "b"}\n{"key": "c", "len')  # killed mid-write
+    drop_torn_tail(path)
+    assert path.read_text() == '{"key": "a"}\n{"key": "b"}\n'
+    with path.open("a") as f:
+        f.write('{"key": "d"}\n')
+    assert [r["key"] for r in read_records(path)] == ["a", "b", "d"]
+    drop_torn_tail(path)  # a whole file is left alone
+    assert path.read_text().count("\n") == 3
+    path.write_text('{"key": "only", "to')
+    drop_torn_tail(path)
+    assert path.read_text() == ""
