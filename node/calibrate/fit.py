@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.checks.decision import select_length_bucket
+from node.checks.decision import T_VALUES, compute_beyond_calibration_scale, select_length_bucket
 from node.checks.stage2 import compute_kept_mass_score
 
 LENGTHS = ("16", "32", "64", "128")
@@ -137,14 +137,17 @@ def thresholds_at(thresholds: dict[str, float], positions: int) -> dict[str, flo
     """Return the thresholds for a response of this many positions: a used pooled signal's per-length one.
 
     The bucket is the longest calibrated length not above the positions (a longer response is less
-    noisy than its bucket); shorter than every bucket, the flat threshold (the largest) applies.
+    noisy than its bucket); shorter than every bucket, the flat threshold (the largest) applies;
+    longer than every bucket, t-values scale as in the decision (compute_beyond_calibration_scale).
     """
-    bucket = select_length_bucket({int(key.split("@")[1]) for key in thresholds if "@" in key}, positions)
+    lengths = {int(key.split("@")[1]) for key in thresholds if "@" in key}
+    bucket = select_length_bucket(lengths, positions)
     if bucket is None:
         return thresholds
+    scale = compute_beyond_calibration_scale(positions, max(lengths))
     overrides = {key.split("@")[0]: value for key, value in thresholds.items() if key.endswith(f"@{bucket}")}
-    return {**thresholds, **{name: value for name, value in overrides.items()
-                             if math.isfinite(thresholds.get(name, math.inf))}}
+    return {**thresholds, **{name: value * scale if f"max_{name}" in T_VALUES else value
+                             for name, value in overrides.items() if math.isfinite(thresholds.get(name, math.inf))}}
 
 
 def select_signals(records: list[dict[str, Any]], thresholds: dict[str, float]) -> dict[str, float]:

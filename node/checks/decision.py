@@ -68,17 +68,35 @@ def select_length_bucket(lengths: Iterable[int], positions: int) -> int | None:
     return max((n for n in lengths if n <= positions), default=None)
 
 
+T_VALUES = ("max_temperature_t", "max_kept_mass_t")
+
+
+def compute_beyond_calibration_scale(positions: int, longest: int) -> float:
+    """Return how much a t-value threshold grows for a response longer than the longest calibrated length.
+
+    A t-value of a mean with any honest bias grows like √positions (bf16 executers keep slightly
+    fewer top_p candidates than an fp32 validator computes: over 1,579 honest runs at 64 tokens the
+    mean kept-mass shift is 4.5e-5, 18 standard errors above 0), so beyond the calibrated lengths
+    the threshold grows the same way. A lie's t-value grows like √positions too, so detection stays
+    what it was at the longest calibrated length.
+    """
+    return math.sqrt(positions / longest) if positions > longest > 0 else 1.0
+
+
 def select_thresholds_for_length(t: Stage2Thresholds, positions: int) -> Stage2Thresholds:
     """Return the thresholds for this many positions: the longest length bucket not above it overrides.
 
     Only signals the profile decides on (a finite flat threshold) take a bucket's value; shorter than
-    every bucket, the flat thresholds (the largest) apply.
+    every bucket, the flat thresholds (the largest) apply; longer than every bucket, t-values scale
+    by compute_beyond_calibration_scale.
     """
     bucket = select_length_bucket((n for n, _ in t.by_length), positions)
     if bucket is None:
         return t
     values = dict(t.by_length)[bucket]
-    overrides: dict[str, Any] = {name: value for name, value in values if math.isfinite(getattr(t, name))}
+    scale = compute_beyond_calibration_scale(positions, max(n for n, _ in t.by_length))
+    overrides: dict[str, Any] = {name: value * scale if name in T_VALUES else value
+                                 for name, value in values if math.isfinite(getattr(t, name))}
     return replace(t, **overrides)
 
 

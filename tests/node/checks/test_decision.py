@@ -78,3 +78,36 @@ def test_a_long_response_is_decided_by_its_length_bucket():
     long = dataclasses.replace(CLEAN, positions=64, distance2=0.03)
     assert decide_stage2(long, t).reason is Reason.DISTANCE2
     assert decide_stage2(dataclasses.replace(long, positions=32), t).valid
+
+
+def test_beyond_the_longest_calibrated_length_t_values_scale_with_the_square_root():
+    from node.checks.decision import compute_beyond_calibration_scale, select_thresholds_for_length
+
+    t = dataclasses.replace(T, max_kept_mass_t=4.0,
+                            by_length=((16, (("max_kept_mass_t", 2.5), ("max_distance2", 0.05))),
+                                       (64, (("max_kept_mass_t", 3.0), ("max_distance2", 0.02),
+                                             ("max_temperature_t", 5.0)))))
+    assert compute_beyond_calibration_scale(64, 64) == 1.0 and compute_beyond_calibration_scale(40, 64) == 1.0
+    assert compute_beyond_calibration_scale(256, 64) == 2.0
+    at_256 = select_thresholds_for_length(t, 256)
+    assert (at_256.max_kept_mass_t, at_256.max_temperature_t) == (6.0, 10.0)  # t-values: × √(256/64)
+    assert at_256.max_distance2 == 0.02  # an average's threshold is not widened
+    assert select_thresholds_for_length(t, 32).max_kept_mass_t == 2.5  # inside the calibrated range: as fitted
+    biased = dataclasses.replace(CLEAN, positions=256, kept_mass_t=5.0)  # an honest bias's t grows with √n
+    assert decide_stage2(biased, t).valid
+    assert decide_stage2(dataclasses.replace(biased, kept_mass_t=6.5), t).reason is Reason.TOP_P_FIT
+
+
+def test_the_calibration_fit_applies_the_same_length_rule_as_the_decision():
+    from node.calibrate.fit import thresholds_at
+    from node.checks.decision import select_thresholds_for_length
+
+    flat = {"kept_mass_t": 4.0, "kept_mass_t@16": 2.5, "kept_mass_t@64": 3.0, "distance2": 0.05,
+            "distance2@16": 0.05, "distance2@64": 0.02}
+    t = dataclasses.replace(T, max_kept_mass_t=4.0,
+                            by_length=((16, (("max_kept_mass_t", 2.5), ("max_distance2", 0.05))),
+                                       (64, (("max_kept_mass_t", 3.0), ("max_distance2", 0.02)))))
+    for positions in (8, 16, 40, 64, 100, 1000):
+        fit_side, decision_side = thresholds_at(flat, positions), select_thresholds_for_length(t, positions)
+        assert fit_side["kept_mass_t"] == decision_side.max_kept_mass_t
+        assert fit_side["distance2"] == decision_side.max_distance2
