@@ -39,6 +39,7 @@ attack is its held-out acceptance rate.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import statistics
 from collections import Counter
@@ -127,10 +128,9 @@ def choose_pooled_thresholds(records: list[dict[str, Any]], name: str) -> dict[s
 
 def compute_non_increasing_envelope(per_length: dict[str, float]) -> dict[str, float]:
     """Return per length the largest threshold at that length or any longer one."""
-    out: dict[str, float] = {}
-    for length in sorted(per_length, key=int, reverse=True):
-        out[length] = max(per_length[length], *out.values()) if out else per_length[length]
-    return dict(sorted(out.items(), key=lambda item: int(item[0])))
+    longest_first = sorted(per_length, key=int, reverse=True)
+    running = itertools.accumulate((per_length[n] for n in longest_first), max)
+    return dict(sorted(zip(longest_first, running, strict=True), key=lambda item: int(item[0])))
 
 
 def thresholds_at(thresholds: dict[str, float], positions: int) -> dict[str, float]:
