@@ -20,7 +20,7 @@ from typing import Any
 from eth_abi.abi import decode as abi_decode
 from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from web3 import Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, TransactionNotFound, Web3Exception
 from web3.types import TxReceipt
@@ -28,6 +28,7 @@ from web3.types import TxReceipt
 from chain.errors import ChainError, ChainUnavailable, ContractReverted
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "Verinfer.json"
+VIEWS_ARTIFACT = ARTIFACT.with_name("ProtocolViews.json")
 
 
 class Role(IntEnum):
@@ -81,6 +82,14 @@ class HubConfig(BaseModel):
     prover_reward_bps: int = Field(1000, ge=0, le=10_000)
     validator_fee_bps: int = Field(1000, ge=0, le=10_000)
     timeout_slash_bps: int = Field(100, ge=0, le=10_000)
+    request_bond: int = Field(10**16, ge=0, lt=2**96, description="wei locked per request besides the fee")
+    min_committee: int = Field(3, ge=1, le=16, description="fewer eligible validators: not checkable")
+
+    @model_validator(mode="after")
+    def _committee_fits(self) -> HubConfig:
+        if self.min_committee > self.committee_size:
+            raise ValueError(f"min_committee {self.min_committee} > committee_size {self.committee_size}")
+        return self
 
     def as_tuple(self) -> tuple[Any, ...]:
         """Return the ABI tuple in Verinfer.Config's field order."""
@@ -151,6 +160,10 @@ class Inference:
     invalid_votes: int
     voted: int
     voted_invalid: int
+    bond: int
+    check_rate: int
+    max_tokens: int
+    accepted: bool
 
 
 @dataclass(frozen=True)
@@ -236,6 +249,7 @@ class Hub:
         self.w3 = w3
         self.address = Web3.to_checksum_address(address)
         self.contract = w3.eth.contract(address=self.address, abi=load_artifact()["abi"])
+        self._views: Any = None
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -251,6 +265,16 @@ class Hub:
         """Call a view function; reverts raise ContractReverted."""
         try:
             return getattr(self.contract.functions, name)(*args).call()
+        except Exception as exc:  # translated below
+            raise translate_error(exc) from exc
+
+    def call_views(self, name: str, *args: Any) -> Any:
+        """Call one of the protocol views (ProtocolViews, deployed by the hub's constructor)."""
+        if self._views is None:
+            address = self.call("protocolViews")
+            self._views = self.w3.eth.contract(address=address, abi=load_artifact(VIEWS_ARTIFACT)["abi"])
+        try:
+            return getattr(self._views.functions, name)(*args).call()
         except Exception as exc:  # translated below
             raise translate_error(exc) from exc
 
@@ -292,10 +316,23 @@ class Hub:
     # ---- models ----------------------------------------------------------------------------
 
     def register_model(self, account: LocalAccount, model_id: bytes, k: int, vocab_size: int, alpha: int, beta: int,
-                       min_check_rate: int, profile_hash: bytes) -> TxReceipt:
-        """Register a model with its calibrated parameters."""
+                       min_check_rate: int, profile_hash: bytes, stop_tokens: Sequence[int],
+                       min_fee: int = 0) -> TxReceipt:
+        """Register a model with its calibrated parameters, stop tokens and minimum fee."""
         return self.transact(account, "registerModel", model_id, k, vocab_size, alpha, beta, min_check_rate,
-                             profile_hash)
+                             profile_hash, min_fee, [int(t) for t in stop_tokens])
+
+    def stop_tokens(self, model_id: bytes) -> frozenset[int]:
+        """Return a registered model's stop tokens."""
+        return frozenset(int(t) for t in self.call("stopTokensOf", model_id))
+
+    def min_fee(self, model_id: bytes) -> int:
+        """Return the least fee a request for this model pays (besides the bond)."""
+        return int(self.call("models", model_id)[7])
+
+    def request_bond(self) -> int:
+        """Return the bond a requester locks per request."""
+        return int(self.call("requestBond"))
 
     def set_model_state(self, account: LocalAccount, model_id: bytes, state: ModelState) -> TxReceipt:
         """Move a model one phase."""
@@ -311,12 +348,20 @@ class Hub:
 
     def request_inference(self, account: LocalAccount, operator: str, model_id: bytes, prompt_hash: bytes,
                           user_seed: int, params: Params, fee: int) -> int:
-        """Request an inference and return its id."""
+        """Request an inference paying `fee` plus the contract's request bond, and return its id."""
         receipt = self.transact(account, "requestInference", Web3.to_checksum_address(operator), model_id,
                                 prompt_hash, user_seed, (params.temperature_bits, params.top_p_bits, params.top_k,
-                                                         params.max_tokens), value=fee)
+                                                         params.max_tokens), value=fee + self.request_bond())
         events = self.contract.events.InferenceRequested().process_receipt(receipt)
         return int(events[0]["args"]["inferenceId"])
+
+    def accept_inference(self, account: LocalAccount, inference_id: int) -> TxReceipt:
+        """Acknowledge (as its operator) that the prompt arrived: a missed deadline is penalised from now on."""
+        return self.transact(account, "acceptInference", inference_id)
+
+    def has_voted(self, inference_id: int, validator: str) -> bool:
+        """Return whether a validator's vote on an inference is recorded."""
+        return bool(self.call("hasVoted", inference_id, Web3.to_checksum_address(validator)))
 
     def commit_inference(self, account: LocalAccount, inference_id: int, c: Commitment) -> TxReceipt:
         """Commit an inference's output hash, artifact root and fingerprint hash."""
@@ -325,7 +370,8 @@ class Hub:
     def get_inference(self, inference_id: int) -> Inference:
         """Return an inference's stored record."""
         r = self.call("getInference", inference_id)
-        return Inference(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), bytes(r[6]), r[7], Status(r[8]), *r[9:])
+        return Inference(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), bytes(r[6]), r[7], Status(r[8]), *r[9:13],
+                         r[13], r[14], r[15], bool(r[16]))
 
     def selection_of(self, inference_id: int) -> tuple[bool, list[str]]:
         """Return whether an inference is checked and its committee."""
@@ -349,6 +395,12 @@ class Hub:
                     proof: Sequence[bytes]) -> TxReceipt:
         """Prove a stage-1 forgery from one artifact leaf and its Merkle proof."""
         return self.transact(account, "proveFraud", inference_id, c.as_tuple(), header_hash, leaf, list(proof))
+
+    def prove_termination(self, account: LocalAccount, inference_id: int, c: Commitment, header: bytes,
+                          positions_root: bytes, leaf: bytes, proof: Sequence[bytes]) -> TxReceipt:
+        """Prove a termination-rule breach from the header (and one leaf with its Merkle proof, if any)."""
+        return self.transact(account, "proveTermination", inference_id, c.as_tuple(), header, positions_root, leaf,
+                             list(proof))
 
     def verdict_digest(self, inference_id: int, artifact_root: bytes, valid: bool, reason: int, scores_digest: bytes,
                        deadline: int) -> bytes:

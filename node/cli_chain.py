@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,26 @@ def _show(hub: Hub, address: str) -> None:
                   f"credits {Web3.from_wei(hub.credits(address), 'ether')} ETH")
 
 
-def model_registration(name: str) -> tuple[bytes, int, int, int, int, bytes]:
-    """Return (model id, K, vocab, alpha, beta, profile hash) of a registry model from its calibrated profile."""
+@dataclass(frozen=True)
+class Registration:
+    """What the contract's registry holds of a model: id, K, vocabulary, α, β (1e18), profile hash, stop tokens."""
+
+    model_id: bytes
+    k: int
+    vocab_size: int
+    alpha: int
+    beta: int
+    profile_hash: bytes
+    stop_tokens: tuple[int, ...]
+
+    def register(self, hub: Hub, account: LocalAccount, min_check_rate: int, min_fee: int) -> None:
+        """Register this model on the hub."""
+        hub.register_model(account, self.model_id, self.k, self.vocab_size, self.alpha, self.beta, min_check_rate,
+                           self.profile_hash, self.stop_tokens, min_fee)
+
+
+def model_registration(name: str) -> Registration:
+    """Return the registration of a registry model from its spec and calibrated profile."""
     from node.engines.models import REPO_ROOT, get_model_spec, materialise_model
     from node.protocol.hashing import keccak256
 
@@ -142,8 +161,8 @@ def model_registration(name: str) -> tuple[bytes, int, int, int, int, bytes]:
     alpha = max(float(rates["alpha_upper_95"]), 1e-6)  # the upper bound: an honest operator's benefit of doubt
     beta = max(rates.get("beta_64_tokens", {}).values(), default=0.0)  # the hardest attack measured
     files = materialise_model(spec)
-    return (files.model_id, spec.k, spec.vocab_size, math.ceil(alpha * WAD), min(math.ceil(beta * WAD), WAD - 1),
-            keccak256(raw))
+    return Registration(files.model_id, spec.k, spec.vocab_size, math.ceil(alpha * WAD),
+                        min(math.ceil(beta * WAD), WAD - 1), keccak256(raw), tuple(sorted(spec.stop_token_ids)))
 
 
 @models_app.command("register")
@@ -151,13 +170,14 @@ def models_register(
     name: str = typer.Argument(..., help="Model name in config/models.toml."),
     min_check_rate: float = typer.Option(0.05, min=0.0, max=1.0, help="Least probability an inference is checked."),
     state: str = typer.Option("verifying", help="Phase to move it to: registered|measuring|verifying|punitive."),
+    min_fee_eth: float = typer.Option(0.001, min=0.0, help="Least fee a request pays (besides the bond)."),
     rpc: str = RPC, contract: str = CONTRACT, deployment: Path = DEPLOYMENT, key_env: str = KEY_ENV,
 ) -> None:
-    """Register a model with its calibrated α, β, K and profile hash (governor only)."""
+    """Register a model with its calibrated α, β, K, profile hash, stop tokens and minimum fee (governor only)."""
     hub, account = connect(rpc, contract, deployment), load_account(key_env)
-    model_id, k, vocab, alpha, beta, profile_hash = model_registration(name)
-    _run(lambda: hub.register_model(account, model_id, k, vocab, alpha, beta, math.ceil(min_check_rate * WAD),
-                                    profile_hash))
-    _run(lambda: hub.advance_model_to(account, model_id, ModelState[state.upper()]))
-    console.print(f"registered {name} as 0x{model_id.hex()}: K {k}, vocab {vocab}, alpha {alpha / WAD:.4g}, "
-                  f"beta {beta / WAD:.4g}, state {state}")
+    r = model_registration(name)
+    _run(lambda: r.register(hub, account, math.ceil(min_check_rate * WAD), Web3.to_wei(min_fee_eth, "ether")))
+    _run(lambda: hub.advance_model_to(account, r.model_id, ModelState[state.upper()]))
+    console.print(f"registered {name} as 0x{r.model_id.hex()}: K {r.k}, vocab {r.vocab_size}, "
+                  f"alpha {r.alpha / WAD:.4g}, beta {r.beta / WAD:.4g}, stop tokens {list(r.stop_tokens)}, "
+                  f"state {state}")

@@ -46,10 +46,10 @@ class Bench:
         accounts = [dev_account(i) for i in range(4 + validators)]
         self.admin, self.op, self.requester, treasury, *self.vals = accounts
         self.w3 = anvil.web3()
-        config = HubConfig(treasury=treasury.address, committee_size=committee)
+        config = HubConfig(treasury=treasury.address, committee_size=committee, min_committee=min(3, committee))
         self.hub, receipt = Hub.deploy(self.w3, self.admin, config)
         self.deploy_gas = int(receipt["gasUsed"])
-        self.hub.register_model(self.admin, MODEL, 5, 49_152, 10**16, 0, 10**18, b"\x22" * 32)
+        self.hub.register_model(self.admin, MODEL, 5, 49_152, 10**16, 0, 10**18, b"\x22" * 32, (2,), 10**15)
         self.hub.advance_model_to(self.admin, MODEL, ModelState.VERIFYING)
         self.bond_gas = int(self.hub.bond(self.op, Role.OPERATOR, 10 * 10**18)["gasUsed"])
         for v in self.vals:

@@ -26,20 +26,26 @@ abstract contract ModelRegistry is AccessControl {
         uint8 k;
         ModelState state;
         bytes32 profileHash; // keccak256 of the calibrated profile file
+        uint96 minFee; // wei: a request pays at least this (every check has a price for whoever asks for it)
     }
 
+    uint256 public constant MAX_STOP_TOKENS = 8;
+
     mapping(bytes32 => Model) public models;
+    /// @dev The model's stop tokens (DESIGN.md §5 termination rule); fixed at registration, as the vocabulary is.
+    mapping(bytes32 => uint32[]) internal stopTokens;
 
     event ModelRegistered(bytes32 indexed modelId, uint256 k, uint256 vocabSize, bytes32 profileHash);
     event ModelParamsSet(bytes32 indexed modelId, uint256 alpha, uint256 beta, uint256 minCheckRate);
     event ModelStateSet(bytes32 indexed modelId, ModelState state);
+    event ModelFeeSet(bytes32 indexed modelId, uint256 minFee);
 
     error UnknownModel(bytes32 modelId);
     error ModelExists(bytes32 modelId);
     error BadModelParams();
     error BadStateTransition(ModelState from, ModelState to);
 
-    /// @notice Register a model id with its profile's K, vocabulary, rates and profile hash.
+    /// @notice Register a model id with its profile's K, vocabulary, rates, profile hash, minimum fee and stop tokens.
     function registerModel(
         bytes32 modelId,
         uint8 k,
@@ -47,14 +53,42 @@ abstract contract ModelRegistry is AccessControl {
         uint64 alpha,
         uint64 beta,
         uint64 minCheckRate,
-        bytes32 profileHash
+        bytes32 profileHash,
+        uint96 minFee,
+        uint32[] calldata stops
     ) external onlyRole(GOVERNOR_ROLE) {
         if (models[modelId].state != ModelState.None) revert ModelExists(modelId);
         if (k == 0 || k > 64 || vocabSize < k || vocabSize > 2 ** 24) revert BadModelParams();
+        if (stops.length == 0 || stops.length > MAX_STOP_TOKENS) revert BadModelParams();
+        for (uint256 i; i < stops.length; ++i) {
+            if (stops[i] >= vocabSize) revert BadModelParams();
+        }
         _requireRates(alpha, beta, minCheckRate);
-        models[modelId] = Model(alpha, beta, minCheckRate, vocabSize, k, ModelState.Registered, profileHash);
+        models[modelId] = Model(alpha, beta, minCheckRate, vocabSize, k, ModelState.Registered, profileHash, minFee);
+        stopTokens[modelId] = stops;
         emit ModelRegistered(modelId, k, vocabSize, profileHash);
         emit ModelParamsSet(modelId, alpha, beta, minCheckRate);
+        emit ModelFeeSet(modelId, minFee);
+    }
+
+    /// @notice Set the least fee a request for this model must pay.
+    function setMinFee(bytes32 modelId, uint96 minFee) external onlyRole(GOVERNOR_ROLE) {
+        _model(modelId).minFee = minFee;
+        emit ModelFeeSet(modelId, minFee);
+    }
+
+    /// @notice The model's stop tokens.
+    function stopTokensOf(bytes32 modelId) external view returns (uint32[] memory) {
+        return stopTokens[modelId];
+    }
+
+    /// @notice Whether `token` is one of the model's stop tokens.
+    function isStopToken(bytes32 modelId, uint256 token) public view returns (bool) {
+        uint32[] storage stops = stopTokens[modelId];
+        for (uint256 i; i < stops.length; ++i) {
+            if (stops[i] == token) return true;
+        }
+        return false;
     }
 
     /// @notice Update a model's calibrated rates (a new calibration) and profile hash.

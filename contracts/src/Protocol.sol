@@ -24,8 +24,14 @@ library Protocol {
     uint16 internal constant CHOSEN_OUT_OF_RANGE = 405;
     uint16 internal constant CHOSEN_MISMATCH = 406;
     uint16 internal constant TAIL_TOKEN_IN_CANDIDATES = 407;
+    // Termination rule (DESIGN.md §5): 305 is a header code, 408/409 per position.
+    uint16 internal constant OUTPUT_TOO_LONG = 305;
+    uint16 internal constant NOT_TERMINATED = 408;
+    uint16 internal constant TOKENS_AFTER_STOP = 409;
+    uint256 internal constant HEADER_HEAD = 88; // model id ‖ 5 × uint32 ‖ run_seed ‖ uint32 prompt length
 
     error LeafLength(uint256 length, uint256 k);
+    error HeaderLength(uint256 length);
 
     /// @notice run_seed = sha256(uint64(user_seed) ‖ uint256(inference_id)).
     function computeRunSeed(uint64 userSeed, uint256 inferenceId) internal pure returns (bytes32) {
@@ -115,6 +121,34 @@ library Protocol {
         if (!inCandidates) return OK; // a tail token; its weight is for stage 2 to judge
         if (k > 0 && chosen == tokens[0] && v >= tailExhaustionFloor(vocabSize)) return OK;
         return TAIL_TOKEN_IN_CANDIDATES;
+    }
+
+    /// @notice output_length of a canonical artifact header (its last uint32); reverts on a malformed length.
+    function decodeHeaderOutputLength(bytes calldata header) internal pure returns (uint256) {
+        if (header.length < HEADER_HEAD + 4) revert HeaderLength(header.length);
+        uint256 promptLength = uint32(bytes4(header[HEADER_HEAD - 4:HEADER_HEAD]));
+        if (header.length != HEADER_HEAD + 4 * promptLength + 4) revert HeaderLength(header.length);
+        return uint32(bytes4(header[header.length - 4:]));
+    }
+
+    /// @notice The length part of the termination rule: over-long, or empty although max_tokens allowed a token.
+    function findLengthViolation(uint256 outputLength, uint256 maxTokens) internal pure returns (uint16) {
+        if (outputLength > maxTokens) return OUTPUT_TOO_LONG;
+        if (outputLength == 0 && maxTokens > 0) return NOT_TERMINATED;
+        return OK;
+    }
+
+    /// @notice The termination rule at one position: only the last may hold a stop token, and it must when the
+    ///         output is shorter than max_tokens (sequence.find_termination_violation).
+    function findTerminationViolation(uint256 position, bool chosenIsStop, uint256 outputLength, uint256 maxTokens)
+        internal
+        pure
+        returns (uint16)
+    {
+        if (outputLength > maxTokens) return OUTPUT_TOO_LONG;
+        if (position >= outputLength) return OK; // not a position of this output: nothing to judge here
+        if (position + 1 < outputLength) return chosenIsStop ? TOKENS_AFTER_STOP : OK;
+        return outputLength < maxTokens && !chosenIsStop ? NOT_TERMINATED : OK;
     }
 
     /// @notice P clamped to [1e-6, 1 - 1e-12] in 1e18 fixed point.

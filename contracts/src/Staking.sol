@@ -3,11 +3,17 @@ pragma solidity 0.8.28;
 
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
+import {Checkpoints} from "@openzeppelin/contracts/utils/structs/Checkpoints.sol";
 
 /// @title Native-ETH stake for operators and validators, with pull payments
 /// @notice Unbonding takes `unbondingDelay` blocks, longer than the commit + check + fraud windows,
 ///         and stake stays slashable until it is withdrawn.
+/// @dev Every change to a validator's committee weight (stake while eligible, else 0) is checkpointed
+///      by block number, so a committee is drawn from the weights as they stood before the commit:
+///      bonding, topping up or unbonding after a commit cannot change that inference's draw.
 abstract contract Staking is ReentrancyGuard {
+    using Checkpoints for Checkpoints.Trace208;
+
     enum Role {
         None,
         Operator,
@@ -32,12 +38,16 @@ abstract contract Staking is ReentrancyGuard {
 
     mapping(address => Staker) public stakers;
     address[] public validators; // index is stable (a withdrawn validator's slot is never reused); it is the vote-bitmap bit
+    mapping(address => uint256) internal validatorSlot; // index + 1 in `validators`, 0 for none
+    mapping(address => Checkpoints.Trace208) internal weightHistory; // committee weight by block number
     mapping(address => uint256) public credits; // withdrawable fees, rewards and refunds
     address public immutable treasury;
 
     /// @notice Σ stakes; with Σ credits and escrowed fees it is the contract's whole balance.
     uint256 public totalStaked;
     uint256 public totalCredits;
+    /// @notice Σ of every amount ever slashed: Σ bonded = totalStaked + totalSlashed + Σ withdrawn.
+    uint256 public totalSlashed;
 
     event Bonded(address indexed who, Role role, uint256 amount, uint256 stake);
     event UnbondRequested(address indexed who, uint256 withdrawableAt);
@@ -77,6 +87,7 @@ abstract contract Staking is ReentrancyGuard {
             if (role == Role.Validator) {
                 if (validators.length >= MAX_VALIDATORS) revert TooManyValidators();
                 validators.push(msg.sender);
+                validatorSlot[msg.sender] = validators.length;
             }
             s.role = role;
             s.spoofP = uint64(_prior());
@@ -84,6 +95,7 @@ abstract contract Staking is ReentrancyGuard {
         }
         s.stake = uint96(stake);
         totalStaked += msg.value;
+        _checkpointWeight(msg.sender);
         emit Bonded(msg.sender, role, msg.value, stake);
     }
 
@@ -93,6 +105,7 @@ abstract contract Staking is ReentrancyGuard {
         if (s.role == Role.None) revert WrongRole(msg.sender, s.role);
         if (s.unbondBlock != 0) revert Unbonding(msg.sender);
         s.unbondBlock = uint32(block.number);
+        _checkpointWeight(msg.sender);
         emit UnbondRequested(msg.sender, block.number + unbondingDelay);
     }
 
@@ -133,12 +146,15 @@ abstract contract Staking is ReentrancyGuard {
         emit Credited(who, amount);
     }
 
-    /// @dev Move `bps` of a staker's stake out of the stake; returns the amount taken.
-    function _slash(address who, uint256 bps, bytes32 cause) internal returns (uint256 amount) {
+    /// @dev Move `bps` of a staker's stake out of the stake, at most `cap`; returns the amount taken.
+    function _slash(address who, uint256 bps, uint256 cap, bytes32 cause) internal returns (uint256 amount) {
         Staker storage s = stakers[who];
         amount = uint256(s.stake) * bps / 10_000;
+        if (amount > cap) amount = cap;
         s.stake -= uint96(amount);
         totalStaked -= amount;
+        totalSlashed += amount;
+        _checkpointWeight(who);
         emit Slashed(who, amount, cause);
     }
 
@@ -146,13 +162,26 @@ abstract contract Staking is ReentrancyGuard {
         Staker storage s = stakers[who];
         if (!s.jailed) {
             s.jailed = true;
+            _checkpointWeight(who);
             emit Jailed(who);
         }
     }
 
-    /// @dev A validator eligible for committees of an inference committed at `commitBlock`.
-    function _isEligibleValidator(Staker storage s, uint256 commitBlock) internal view returns (bool) {
-        return s.role == Role.Validator && s.stake >= minValidatorStake && s.bondBlock < commitBlock
-            && (s.unbondBlock == 0 || s.unbondBlock >= commitBlock) && !s.jailed;
+    /// @dev A validator's committee weight now: its stake while bonded, above the minimum and not jailed.
+    function _currentWeight(Staker storage s) internal view returns (uint256) {
+        bool eligible = s.role == Role.Validator && s.stake >= minValidatorStake && s.unbondBlock == 0 && !s.jailed;
+        return eligible ? s.stake : 0;
+    }
+
+    /// @dev Record a validator's weight from this block on (operators have no history).
+    function _checkpointWeight(address who) internal {
+        Staker storage s = stakers[who];
+        if (s.role != Role.Validator) return;
+        weightHistory[who].push(uint48(block.number), uint208(_currentWeight(s)));
+    }
+
+    /// @notice A validator's committee weight as it stood at the end of block `blockNumber`.
+    function weightAt(address who, uint256 blockNumber) public view returns (uint256) {
+        return weightHistory[who].upperLookup(uint48(blockNumber));
     }
 }

@@ -3,8 +3,8 @@ pragma solidity 0.8.28;
 
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
-import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {Protocol} from "./Protocol.sol";
+import {ProtocolViews} from "./ProtocolViews.sol";
 import {Staking} from "./Staking.sol";
 import {ModelRegistry} from "./ModelRegistry.sol";
 
@@ -44,6 +44,10 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         uint8 invalidVotes;
         uint64 voted; // bit = validator index
         uint64 votedInvalid;
+        uint96 bond; // slot 5: the requester's bond, returned at settlement or expiry
+        uint64 checkRate; // 1e18: max(minCheckRate, P) as it stood at the commit (0: model not measured then)
+        uint32 maxTokens; // the request's max_tokens, for the termination rule
+        bool accepted; // the operator acknowledged receiving the prompt: only then does a timeout cost it stake
     }
 
     struct Params {
@@ -83,7 +87,9 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         uint16 fraudSlashBps; // of stake, on a proven forgery
         uint16 proverRewardBps; // of the slashed amount, to the prover
         uint16 validatorFeeBps; // of the fee, to the committee
-        uint16 timeoutSlashBps; // of stake, to the requester, when a commit never came
+        uint16 timeoutSlashBps; // of stake, to the requester, when an accepted request was never committed
+        uint96 requestBond; // wei a requester locks per request besides the fee; caps the timeout penalty
+        uint8 minCommittee; // fewer eligible validators at the commit: the inference is not checkable
     }
 
     bytes32 public constant VERDICT_TYPEHASH = keccak256(
@@ -102,6 +108,11 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     uint16 public immutable proverRewardBps;
     uint16 public immutable validatorFeeBps;
     uint16 public immutable timeoutSlashBps;
+    uint96 public immutable requestBond;
+    uint8 public immutable minCommittee;
+    /// @notice The protocol's leaf, Merkle and header code, deployed by the constructor (keeps the hub under
+    ///         EIP-170's size limit; the same code clients and cross-language tests call).
+    ProtocolViews public immutable protocolViews;
 
     uint256 public nextInferenceId;
     mapping(uint256 => Inference) internal inferences;
@@ -116,8 +127,10 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         bytes32 promptHash,
         uint64 userSeed,
         Params params,
-        uint256 fee
+        uint256 fee,
+        uint256 bond
     );
+    event InferenceAccepted(uint256 indexed inferenceId, address indexed operator);
     event InferenceCommitted(
         uint256 indexed inferenceId,
         address indexed operator,
@@ -128,6 +141,8 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     event VerdictRecorded(
         uint256 indexed inferenceId, address indexed validator, bool valid, uint16 reason, bytes32 scoresDigest
     );
+    /// @notice A vote in a batch that was not counted: already recorded (1) or past its deadline (2).
+    event VoteSkipped(uint256 indexed inferenceId, address indexed validator, uint8 why);
     event InferenceSettled(uint256 indexed inferenceId, Status status, uint256 spoofP);
     event InferenceExpired(uint256 indexed inferenceId, uint256 penalty);
     event FraudProven(uint256 indexed inferenceId, address indexed prover, uint32 position, uint16 reason);
@@ -137,6 +152,10 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     error OperatorUnavailable(address operator);
     error ModelInactive(bytes32 modelId);
     error FeeTooLarge();
+    error FeeTooLow(uint256 paid, uint256 minimum);
+    error AlreadyAccepted(uint256 inferenceId);
+    error BadHeader(uint256 length);
+    error LeafRequired();
     error WrongStatus(uint256 inferenceId, Status status);
     error CommitTooLate(uint256 deadline);
     error CommitNotExpired(uint256 deadline);
@@ -164,6 +183,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
                 || c.unbondingDelay <= uint256(c.commitWindow) + c.fraudWindow + 1 || c.slashThreshold > 1e18
                 || c.slashBps > 10_000 || c.slashValidatorShareBps > 10_000 || c.fraudSlashBps > 10_000
                 || c.proverRewardBps > 10_000 || c.validatorFeeBps > 10_000 || c.timeoutSlashBps > 10_000
+                || c.minCommittee == 0 || c.minCommittee > c.committeeSize
         ) revert BadConfig();
         commitWindow = c.commitWindow;
         checkWindow = c.checkWindow;
@@ -176,31 +196,51 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         proverRewardBps = c.proverRewardBps;
         validatorFeeBps = c.validatorFeeBps;
         timeoutSlashBps = c.timeoutSlashBps;
+        requestBond = c.requestBond;
+        minCommittee = c.minCommittee;
+        protocolViews = new ProtocolViews();
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(GOVERNOR_ROLE, msg.sender);
     }
 
     // ---- requests and commitments ---------------------------------------------------------------
 
-    /// @notice Ask `operator` to run `modelId` on the prompt behind `promptHash`; msg.value is the fee.
+    /// @notice Ask `operator` to run `modelId` on the prompt behind `promptHash`; msg.value is the fee plus
+    ///         `requestBond` (the bond comes back at settlement or expiry).
     function requestInference(address operator, bytes32 modelId, bytes32 promptHash, uint64 userSeed, Params calldata p)
         external
         payable
         returns (uint256 id)
     {
-        if (models[modelId].state == ModelState.None) revert ModelInactive(modelId);
+        Model storage m = models[modelId];
+        if (m.state == ModelState.None) revert ModelInactive(modelId);
         Staker storage s = stakers[operator];
         if (s.role != Role.Operator || s.jailed || s.unbondBlock != 0 || s.stake < minOperatorStake) {
             revert OperatorUnavailable(operator);
         }
-        if (msg.value > type(uint96).max) revert FeeTooLarge();
+        uint256 bond = requestBond;
+        if (msg.value < bond + m.minFee) revert FeeTooLow(msg.value, bond + m.minFee);
+        uint256 fee = msg.value - bond;
+        if (fee > type(uint96).max) revert FeeTooLarge();
         id = ++nextInferenceId;
         Inference storage inf = inferences[id];
         (inf.requester, inf.userSeed, inf.commitDeadline) = (msg.sender, userSeed, uint32(block.number + commitWindow));
-        (inf.operator, inf.fee, inf.modelId, inf.status) = (operator, uint96(msg.value), modelId, Status.Requested);
+        (inf.operator, inf.fee, inf.modelId, inf.status) = (operator, uint96(fee), modelId, Status.Requested);
+        (inf.bond, inf.maxTokens) = (uint96(bond), p.maxTokens);
         s.open += 1;
         totalEscrow += msg.value;
-        emit InferenceRequested(id, msg.sender, operator, modelId, promptHash, userSeed, p, msg.value);
+        emit InferenceRequested(id, msg.sender, operator, modelId, promptHash, userSeed, p, fee, bond);
+    }
+
+    /// @notice The operator acknowledges that it received the prompt: from now on a missed deadline costs it stake.
+    function acceptInference(uint256 id) external {
+        Inference storage inf = inferences[id];
+        if (inf.status != Status.Requested) revert WrongStatus(id, inf.status);
+        if (msg.sender != inf.operator) revert NotOperator(msg.sender);
+        if (block.number > inf.commitDeadline) revert CommitTooLate(inf.commitDeadline);
+        if (inf.accepted) revert AlreadyAccepted(id);
+        inf.accepted = true;
+        emit InferenceAccepted(id, msg.sender);
     }
 
     /// @notice The assigned operator commits the output, artifact root and fingerprint hash.
@@ -212,19 +252,22 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         bytes32 commitment = Protocol.computeCommitment(outputHash, artifactRoot, fingerprintHash);
         if (commitment == 0) revert ZeroCommitment();
         (inf.commitment, inf.commitBlock, inf.status) = (commitment, uint32(block.number), Status.Committed);
+        inf.checkRate = uint64(_checkRateNow(inf));
         emit InferenceCommitted(id, msg.sender, outputHash, artifactRoot, fingerprintHash);
     }
 
-    /// @notice After a missed commit deadline: refund the fee and pay the requester from the operator's stake.
+    /// @notice After a missed commit deadline: refund fee and bond; an operator that had accepted the request
+    ///         also pays the requester `timeoutSlashBps` of its stake, never more than the requester's bond.
     function expire(uint256 id) external {
         Inference storage inf = inferences[id];
         if (inf.status != Status.Requested) revert WrongStatus(id, inf.status);
         if (block.number <= inf.commitDeadline) revert CommitNotExpired(inf.commitDeadline);
         inf.status = Status.Expired;
         stakers[inf.operator].open -= 1;
-        totalEscrow -= inf.fee;
-        uint256 penalty = _slash(inf.operator, timeoutSlashBps, bytes32(id));
-        _credit(inf.requester, inf.fee + penalty);
+        uint256 refund = uint256(inf.fee) + inf.bond;
+        totalEscrow -= refund;
+        uint256 penalty = inf.accepted ? _slash(inf.operator, timeoutSlashBps, inf.bond, bytes32(id)) : 0;
+        _credit(inf.requester, refund + penalty);
         emit InferenceExpired(id, penalty);
     }
 
@@ -240,45 +283,51 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         return keccak256(abi.encode(blockhash(source), id));
     }
 
-    /// @notice Whether the inference is checked (probability max(minCheckRate, P)) and its committee.
+    /// @notice Whether the inference is checked and its committee. Everything here is fixed at the commit:
+    ///         the check rate max(minCheckRate, P) snapshotted then, the validators' weights as they stood at
+    ///         the end of the block before it, and the seed from the block after it. Fewer than
+    ///         `minCommittee` eligible validators then: not checkable (never a single judge by chance).
     function selectionOf(uint256 id) public view returns (bool checked, address[] memory committee) {
         Inference storage inf = inferences[id];
         bytes32 seed = selectionSeed(id);
-        Model storage m = models[inf.modelId];
-        if (m.state < ModelState.Measuring) return (false, committee);
-        uint256 rate = _max(m.minCheckRate, stakers[inf.operator].spoofP);
         // Accepted slither weak-prng: the seed is a block hash fixed after the commit; its limits and
         // the VRF/beacon replacement are documented on the contract and in docs/contracts.md.
         // slither-disable-next-line weak-prng
-        if (uint256(keccak256(abi.encode(seed, "check"))) % Protocol.WAD >= rate) return (false, committee);
+        if (uint256(keccak256(abi.encode(seed, "check"))) % Protocol.WAD >= inf.checkRate) return (false, committee);
         uint256[] memory members = _drawCommittee(seed, inf.commitBlock);
+        if (members.length < minCommittee) return (false, committee);
         committee = new address[](members.length);
         for (uint256 j; j < members.length; ++j) {
             committee[j] = validators[members[j]];
         }
-        return (members.length > 0, committee);
+        return (true, committee);
     }
 
-    /// @dev Stake-weighted draws with replacement among eligible validators; returns distinct indexes.
+    /// @dev The probability that an inference committed now is checked (0 while its model is not measured).
+    function _checkRateNow(Inference storage inf) private view returns (uint256) {
+        Model storage m = models[inf.modelId];
+        if (m.state < ModelState.Measuring) return 0;
+        return _max(m.minCheckRate, stakers[inf.operator].spoofP);
+    }
+
+    /// @dev Stake-weighted draws without replacement among the validators eligible at the end of block
+    ///      commitBlock - 1: min(committeeSize, eligible) distinct indexes.
     function _drawCommittee(bytes32 seed, uint256 commitBlock) internal view returns (uint256[] memory members) {
         uint256 n = validators.length;
         uint256[] memory weight = new uint256[](n);
         uint256 total;
+        uint256 eligible;
         for (uint256 i; i < n; ++i) {
-            Staker storage s = stakers[validators[i]];
-            if (_isEligibleValidator(s, commitBlock)) {
-                weight[i] = s.stake;
-                total += s.stake;
+            uint256 w = weightAt(validators[i], commitBlock - 1);
+            if (w != 0) {
+                weight[i] = w;
+                total += w;
+                ++eligible;
             }
         }
-        members = new uint256[](committeeSize);
-        if (total == 0) {
-            assembly ("memory-safe") { mstore(members, 0) }
-            return members;
-        }
-        uint256 count;
-        uint256 taken; // bitmap of drawn indexes
-        for (uint256 j; j < committeeSize; ++j) {
+        uint256 size = eligible < committeeSize ? eligible : committeeSize;
+        members = new uint256[](size);
+        for (uint256 j; j < size; ++j) {
             // same seed as above: accepted, documented
             // slither-disable-next-line weak-prng
             uint256 r = uint256(keccak256(abi.encode(seed, j))) % total;
@@ -287,12 +336,10 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
                 r -= weight[i];
                 ++i;
             }
-            if (taken & (1 << i) == 0) {
-                taken |= 1 << i;
-                members[count++] = i;
-            }
+            members[j] = i;
+            total -= weight[i];
+            weight[i] = 0;
         }
-        assembly ("memory-safe") { mstore(members, count) }
     }
 
     // ---- verdicts -------------------------------------------------------------------------------
@@ -326,6 +373,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         for (uint256 v; v < votes.length; ++v) {
             _recordVote(id, inf, c.artifactRoot, votes[v], committee, share);
         }
+        // a batch whose every vote was skipped still succeeds: submission is idempotent
         uint256 quorum = committee.length / 2 + 1;
         if (inf.validVotes >= quorum) _settle(id, inf, true);
         else if (inf.invalidVotes >= quorum) _settle(id, inf, false);
@@ -339,12 +387,18 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         address[] memory committee,
         uint256 share
     ) private {
-        if (vote.deadline < block.timestamp) revert VerdictExpired(vote.deadline);
         bytes32 digest = verdictDigest(id, artifactRoot, vote.valid, vote.reason, vote.scoresDigest, vote.deadline);
         address signer = ECDSA.recover(digest, vote.signature); // rejects high-s and malformed signatures
         uint256 index = _committeeIndex(committee, signer);
         uint64 bit = uint64(1) << uint64(index);
-        if (inf.voted & bit != 0) revert AlreadyVoted(signer);
+        if (inf.voted & bit != 0) {
+            emit VoteSkipped(id, signer, 1); // recorded already (e.g. someone submitted the gossiped vote first)
+            return;
+        }
+        if (vote.deadline < block.timestamp) {
+            emit VoteSkipped(id, signer, 2);
+            return;
+        }
         inf.voted |= bit;
         if (vote.valid) {
             inf.validVotes += 1;
@@ -359,14 +413,15 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
 
     function _committeeIndex(address[] memory committee, address signer) private view returns (uint256) {
         for (uint256 j; j < committee.length; ++j) {
-            if (committee[j] == signer) {
-                uint256 n = validators.length;
-                for (uint256 i; i < n; ++i) {
-                    if (validators[i] == signer) return i;
-                }
-            }
+            if (committee[j] == signer) return validatorSlot[signer] - 1;
         }
         revert NotInCommittee(signer);
+    }
+
+    /// @notice Whether `validator`'s vote on an inference is recorded.
+    function hasVoted(uint256 id, address validator) external view returns (bool) {
+        uint256 slot = validatorSlot[validator];
+        return slot != 0 && inferences[id].voted & (uint64(1) << uint64(slot - 1)) != 0;
     }
 
     /// @notice Settle an inference whose check window ended without a quorum (or that was not checked).
@@ -388,7 +443,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
             uint256 p = Protocol.computePosterior(op.spoofP, m.alpha, m.beta, valid);
             op.spoofP = uint64(p);
             if (!valid && m.state == ModelState.Punitive && p >= slashThreshold && !op.jailed) {
-                uint256 amount = _slash(inf.operator, slashBps, bytes32(id));
+                uint256 amount = _slash(inf.operator, slashBps, type(uint256).max, bytes32(id));
                 _splitSlash(amount, inf.votedInvalid, inf.invalidVotes);
                 _jail(inf.operator);
             }
@@ -397,13 +452,15 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         emit InferenceSettled(id, inf.status, op.spoofP);
     }
 
-    /// @dev Release the escrowed fee: validator shares already paid per vote, the rest to `to`, unpaid shares too.
+    /// @dev Release the escrowed fee: validator shares already paid per vote, the rest to `to`, unpaid shares too;
+    ///      the bond back to the requester.
     function _pay(Inference storage inf, address to) private {
         uint256 fee = inf.fee;
         uint256 paid = _voteShare(fee) * (inf.validVotes + inf.invalidVotes);
         stakers[inf.operator].open -= 1;
-        totalEscrow -= fee - paid;
+        totalEscrow -= fee - paid + inf.bond;
         _credit(to, fee - paid);
+        _credit(inf.requester, inf.bond);
     }
 
     /// @dev One committee member's fee share, paid per vote; rounding remainders go to whoever gets the fee.
@@ -434,6 +491,49 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         bytes32[] calldata proof
     ) external nonReentrant {
         Inference storage inf = inferences[id];
+        Status status = _requireProvable(id, inf, c);
+        (uint32 position, uint16 reason) = _findForgery(id, inf, c.artifactRoot, headerHash, leaf, proof);
+        _convict(id, inf, status, position, reason);
+    }
+
+    /// @notice Prove that a committed output breaks the termination rule (DESIGN.md §5): shorter than
+    ///         max_tokens without ending on a stop token (the empty output too), longer than max_tokens, or
+    ///         going on after a stop token. With `leaf` empty it is a header-level proof over `positionsRoot`;
+    ///         otherwise `leaf` is the committed leaf of the position it names, with its Merkle proof.
+    function proveTermination(
+        uint256 id,
+        Commitment calldata c,
+        bytes calldata header,
+        bytes32 positionsRoot,
+        bytes calldata leaf,
+        bytes32[] calldata proof
+    ) external nonReentrant {
+        Inference storage inf = inferences[id];
+        Status status = _requireProvable(id, inf, c);
+        if (leaf.length != 0) positionsRoot = protocolViews.computePositionsRoot(leaf, proof);
+        if (Protocol.computeArtifactRoot(keccak256(header), positionsRoot) != c.artifactRoot) {
+            revert ArtifactRootMismatch();
+        }
+        uint256 outputLength = protocolViews.decodeHeaderOutputLength(header);
+        uint32 position;
+        uint16 reason;
+        if (leaf.length == 0) {
+            reason = Protocol.findLengthViolation(outputLength, inf.maxTokens);
+        } else {
+            Model storage m = models[inf.modelId];
+            if (leaf.length != Protocol.LEAF_HEAD + uint256(m.k) * Protocol.CANDIDATE_SIZE) {
+                revert Protocol.LeafLength(leaf.length, m.k);
+            }
+            position = Protocol.decodeLeafPosition(leaf);
+            bool isStop = isStopToken(inf.modelId, Protocol.decodeLeafChosen(leaf));
+            reason = Protocol.findTerminationViolation(position, isStop, outputLength, inf.maxTokens);
+        }
+        if (reason == Protocol.OK) revert NotFraud(position);
+        _convict(id, inf, status, position, reason);
+    }
+
+    /// @dev The inference's status if a fraud proof may still be made against this commitment; reverts otherwise.
+    function _requireProvable(uint256 id, Inference storage inf, Commitment calldata c) private view returns (Status) {
         Status status = inf.status;
         if (status < Status.Committed || status == Status.Expired || status == Status.Fraud) {
             revert WrongStatus(id, status);
@@ -442,7 +542,11 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         if (Protocol.computeCommitment(c.outputHash, c.artifactRoot, c.fingerprintHash) != inf.commitment) {
             revert CommitmentMismatch();
         }
-        (uint32 position, uint16 reason) = _findForgery(id, inf, c.artifactRoot, headerHash, leaf, proof);
+        return status;
+    }
+
+    /// @dev A proven forgery: the requester gets its fee back (if not settled yet), the operator is slashed and jailed.
+    function _convict(uint256 id, Inference storage inf, Status status, uint32 position, uint16 reason) private {
         inf.status = Status.Fraud;
         if (status == Status.Committed) _pay(inf, inf.requester);
         _punishForgery(id, inf.operator);
@@ -458,17 +562,17 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         bytes calldata leaf,
         bytes32[] calldata proof
     ) private view returns (uint32 position, uint16 reason) {
-        bytes32 positionsRoot = MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
+        bytes32 positionsRoot = protocolViews.computePositionsRoot(leaf, proof);
         if (Protocol.computeArtifactRoot(headerHash, positionsRoot) != artifactRoot) revert ArtifactRootMismatch();
         Model storage m = models[inf.modelId];
         position = Protocol.decodeLeafPosition(leaf);
         uint256 v = Protocol.computeSamplerUniform(Protocol.computeRunSeed(inf.userSeed, id), position);
-        reason = Protocol.findPositionViolation(leaf, m.k, v, m.vocabSize);
+        reason = protocolViews.findPositionViolation(leaf, m.k, v, m.vocabSize);
         if (reason == Protocol.OK) revert NotFraud(position);
     }
 
     function _punishForgery(uint256 id, address operator) private {
-        uint256 amount = _slash(operator, fraudSlashBps, bytes32(id));
+        uint256 amount = _slash(operator, fraudSlashBps, type(uint256).max, bytes32(id));
         uint256 reward = amount * proverRewardBps / 10_000;
         _credit(msg.sender, reward);
         _credit(treasury, amount - reward);
@@ -479,37 +583,6 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     /// @notice An inference's stored record.
     function getInference(uint256 id) external view returns (Inference memory) {
         return inferences[id];
-    }
-
-    // ---- views that mirror node.protocol (for cross-language tests and clients) ----------------
-
-    /// @notice run_seed for a user seed and inference id.
-    function computeRunSeed(uint64 userSeed, uint256 id) external pure returns (bytes32) {
-        return Protocol.computeRunSeed(userSeed, id);
-    }
-
-    /// @notice v_i for a run seed and position.
-    function computeSamplerUniform(bytes32 runSeed, uint32 i) external pure returns (uint256) {
-        return Protocol.computeSamplerUniform(runSeed, i);
-    }
-
-    /// @notice The Bayes update of the spoofer probability.
-    function computePosterior(uint256 p, uint256 alpha, uint256 beta, bool valid) external pure returns (uint256) {
-        return Protocol.computePosterior(p, alpha, beta, valid);
-    }
-
-    /// @notice The stage-1 rule for one leaf.
-    function findPositionViolation(bytes calldata leaf, uint256 k, uint256 v, uint256 vocabSize)
-        external
-        pure
-        returns (uint16)
-    {
-        return Protocol.findPositionViolation(leaf, k, v, vocabSize);
-    }
-
-    /// @notice A positions root from a leaf and its proof, as the fraud proof computes it.
-    function computePositionsRoot(bytes calldata leaf, bytes32[] calldata proof) external pure returns (bytes32) {
-        return MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
     }
 
     function _prior() internal pure override returns (uint256) {

@@ -9,6 +9,7 @@ interface Vm {
     function stopPrank() external;
     function deal(address account, uint256 newBalance) external;
     function roll(uint256 newHeight) external;
+    function getBlockNumber() external view returns (uint256);
     function warp(uint256 newTimestamp) external;
     function expectRevert(bytes calldata revertData) external;
     function expectRevert(bytes4 revertData) external;

@@ -19,6 +19,9 @@ abstract contract Fixture is Base {
     address[3] internal vals;
     uint64 internal constant USER_SEED = 77;
     uint256 internal constant FEE = 1 ether;
+    uint256 internal constant BOND = 0.2 ether;
+    uint256 internal constant MIN_FEE = 0.01 ether;
+    uint32 internal constant STOP = 2; // the test model's stop token
 
     function config() internal pure virtual returns (Verinfer.Config memory) {
         return Verinfer.Config({
@@ -36,7 +39,9 @@ abstract contract Fixture is Base {
             fraudSlashBps: 10_000,
             proverRewardBps: 1000,
             validatorFeeBps: 1000,
-            timeoutSlashBps: 100
+            timeoutSlashBps: 100,
+            requestBond: uint96(BOND),
+            minCommittee: 3
         });
     }
 
@@ -48,7 +53,7 @@ abstract contract Fixture is Base {
         vm.roll(100);
         vm.warp(1_700_000_000);
         hub = new Verinfer(config());
-        hub.registerModel(MODEL, 5, 64, 1e16, 0, 1e18, keccak256("profile"));
+        hub.registerModel(MODEL, 5, 64, 1e16, 0, 1e18, keccak256("profile"), uint96(MIN_FEE), stops());
         hub.setModelState(MODEL, ModelRegistry.ModelState.Measuring);
         hub.setModelState(MODEL, ModelRegistry.ModelState.Verifying);
         hub.setModelState(MODEL, ModelRegistry.ModelState.Punitive);
@@ -72,9 +77,19 @@ abstract contract Fixture is Base {
         return Verinfer.Params({temperatureBits: 0x3f800000, topPBits: 0x3f800000, topK: 0, maxTokens: 64});
     }
 
+    function stops() internal pure returns (uint32[] memory out) {
+        out = new uint32[](1);
+        out[0] = STOP;
+    }
+
     function request() internal returns (uint256 id) {
         vm.prank(REQUESTER);
-        id = hub.requestInference{value: FEE}(op, MODEL, keccak256("prompt"), USER_SEED, params());
+        id = hub.requestInference{value: FEE + BOND}(op, MODEL, keccak256("prompt"), USER_SEED, params());
+    }
+
+    function accept(uint256 id) internal {
+        vm.prank(op);
+        hub.acceptInference(id);
     }
 
     function commitment(bytes32 artifactRoot) internal pure returns (Verinfer.Commitment memory) {
@@ -91,7 +106,7 @@ abstract contract Fixture is Base {
     function committed(bytes32 artifactRoot) internal returns (uint256 id) {
         id = request();
         commit(id, artifactRoot);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
     }
 
     function vote(uint256 key, uint256 id, bytes32 root, bool valid) internal view returns (Verinfer.Vote memory) {

@@ -56,7 +56,7 @@ contract FraudTest is Fixture {
         assertEq(stakeOf(op), 0, "whole stake slashed");
         assertEq(hub.credits(prover), 1 ether, "10 % of 10 ether to the prover");
         assertEq(hub.credits(TREASURY), 9 ether, "the rest to the treasury");
-        assertEq(hub.credits(REQUESTER), FEE, "fee refunded");
+        assertEq(hub.credits(REQUESTER), FEE + BOND, "fee and bond refunded");
         assertTrue(isJailed(op), "jailed");
         assertEq(spoofP(op), Protocol.P_MAX, "P at its maximum");
         assertSolvent();
@@ -88,14 +88,14 @@ contract FraudTest is Fixture {
 
     function test_fraudWindowEnds() public {
         (uint256 id, bytes memory l1, bytes32[] memory proof, bytes32 root) = commitArtifact(true);
-        vm.roll(block.number + 301);
-        vm.expectRevert(abi.encodeWithSelector(Verinfer.FraudWindowOver.selector, block.number - 1));
+        vm.roll(vm.getBlockNumber() + 301);
+        vm.expectRevert(abi.encodeWithSelector(Verinfer.FraudWindowOver.selector, vm.getBlockNumber() - 1));
         hub.proveFraud(id, commitment(root), HEADER_HASH, l1, proof);
     }
 
     function test_fraudAfterAValidVerdictStillSlashes() public {
         (uint256 id, bytes memory l1, bytes32[] memory proof, bytes32 root) = commitArtifact(true);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         uint256[] memory keys = committeeKeys(id);
         Verinfer.Vote[] memory votes = new Verinfer.Vote[](keys.length / 2 + 1);
         for (uint256 j; j < votes.length; ++j) {

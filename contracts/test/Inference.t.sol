@@ -10,7 +10,9 @@ contract InferenceTest is Fixture {
     function test_requestEscrowsTheFee() public {
         uint256 id = request();
         assertEq(id, 1, "first id");
-        assertEq(hub.totalEscrow(), FEE, "escrow");
+        assertEq(hub.totalEscrow(), FEE + BOND, "escrow: fee and bond");
+        assertEq(hub.getInference(id).fee, FEE, "fee");
+        assertEq(hub.getInference(id).bond, BOND, "bond");
         assertEq(uint8(statusOf(id)), uint8(Verinfer.Status.Requested), "status");
         assertSolvent();
     }
@@ -39,7 +41,7 @@ contract InferenceTest is Fixture {
     }
 
     function test_requestRevertsForAFeeAboveUint96() public {
-        uint256 fee = uint256(type(uint96).max) + 1;
+        uint256 fee = uint256(type(uint96).max) + 1 + BOND;
         vm.deal(REQUESTER, fee);
         vm.prank(REQUESTER);
         vm.expectRevert(Verinfer.FeeTooLarge.selector);
@@ -67,7 +69,7 @@ contract InferenceTest is Fixture {
         Verinfer.Inference memory inf = hub.getInference(id);
         bytes32 want = keccak256(abi.encode(keccak256("output"), keccak256("root"), keccak256("fingerprints")));
         assertEq(inf.commitment, want, "commitment");
-        assertEq(inf.commitBlock, block.number, "commit block");
+        assertEq(inf.commitBlock, vm.getBlockNumber(), "commit block");
     }
 
     function test_commitReverts() public {
@@ -75,9 +77,9 @@ contract InferenceTest is Fixture {
         vm.prank(REQUESTER);
         vm.expectRevert(abi.encodeWithSelector(Verinfer.NotOperator.selector, REQUESTER));
         hub.commitInference(id, bytes32(0), bytes32(0), bytes32(0));
-        vm.roll(block.number + 21);
+        vm.roll(vm.getBlockNumber() + 21);
         vm.prank(op);
-        vm.expectRevert(abi.encodeWithSelector(Verinfer.CommitTooLate.selector, block.number - 1));
+        vm.expectRevert(abi.encodeWithSelector(Verinfer.CommitTooLate.selector, vm.getBlockNumber() - 1));
         hub.commitInference(id, bytes32(0), bytes32(0), bytes32(0));
         vm.prank(op);
         vm.expectRevert(abi.encodeWithSelector(Verinfer.WrongStatus.selector, 99, Verinfer.Status.None));
@@ -92,13 +94,14 @@ contract InferenceTest is Fixture {
         hub.commitInference(id, bytes32(0), bytes32(0), bytes32(0));
     }
 
-    function test_expireRefundsAndPenalises() public {
+    function test_expireRefundsAndPenalisesAnAcceptedRequest() public {
         uint256 id = request();
-        vm.expectRevert(abi.encodeWithSelector(Verinfer.CommitNotExpired.selector, block.number + 20));
+        accept(id);
+        vm.expectRevert(abi.encodeWithSelector(Verinfer.CommitNotExpired.selector, vm.getBlockNumber() + 20));
         hub.expire(id);
-        vm.roll(block.number + 21);
+        vm.roll(vm.getBlockNumber() + 21);
         hub.expire(id);
-        assertEq(hub.credits(REQUESTER), FEE + 0.1 ether, "refund + penalty");
+        assertEq(hub.credits(REQUESTER), FEE + BOND + 0.1 ether, "refund + bond + penalty (1 % of 10 ether)");
         assertEq(stakeOf(op), 9.9 ether, "operator penalised");
         vm.expectRevert(abi.encodeWithSelector(Verinfer.WrongStatus.selector, id, Verinfer.Status.Expired));
         hub.expire(id);
@@ -110,15 +113,15 @@ contract InferenceTest is Fixture {
         vm.expectRevert(abi.encodeWithSelector(Verinfer.WrongStatus.selector, id, Verinfer.Status.Requested));
         hub.selectionOf(id);
         commit(id, keccak256("root"));
-        vm.roll(block.number + 1);
-        vm.expectRevert(abi.encodeWithSelector(Verinfer.SelectionNotReady.selector, block.number + 1));
+        vm.roll(vm.getBlockNumber() + 1);
+        vm.expectRevert(abi.encodeWithSelector(Verinfer.SelectionNotReady.selector, vm.getBlockNumber() + 1));
         hub.selectionOf(id);
-        vm.roll(block.number + 1);
+        vm.roll(vm.getBlockNumber() + 1);
         (bool checked, address[] memory committee) = hub.selectionOf(id);
         assertTrue(checked, "min check rate 1 checks everything");
         assertGe(committee.length, 1, "a committee");
         assertLe(committee.length, 3, "at most committeeSize members");
-        vm.roll(block.number + 300);
+        vm.roll(vm.getBlockNumber() + 300);
         vm.expectRevert();
         hub.selectionOf(id);
     }
@@ -140,7 +143,7 @@ contract InferenceTest is Fixture {
         for (uint256 i; i < n; ++i) {
             uint256 id = request();
             commit(id, keccak256(abi.encode(salt, i)));
-            vm.roll(block.number + 2);
+            vm.roll(vm.getBlockNumber() + 2);
             (bool c,) = hub.selectionOf(id);
             if (c) ++checked;
         }
@@ -162,7 +165,7 @@ contract InferenceTest is Fixture {
     function test_committeesAreStakeWeighted() public {
         // validator 0 holds 97 % of the stake: it should be in (nearly) every committee
         bondAs(vals[0], Staking.Role.Validator, 320 ether);
-        vm.roll(block.number + 1);
+        vm.roll(vm.getBlockNumber() + 1);
         uint256 hits;
         for (uint256 i; i < 30; ++i) {
             uint256 id = committed(keccak256(abi.encode(i)));
@@ -179,7 +182,7 @@ contract InferenceTest is Fixture {
         commit(id, keccak256("root"));
         address late = address(0x1A7E);
         bondAs(late, Staking.Role.Validator, 1000 ether);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         (, address[] memory committee) = hub.selectionOf(id);
         for (uint256 j; j < committee.length; ++j) {
             assertTrue(committee[j] != late, "late validator excluded");

@@ -9,8 +9,8 @@ contract RegistryTest is Fixture {
     bytes32 internal constant OTHER = keccak256("other");
 
     function test_registerStoresTheProfile() public {
-        hub.registerModel(OTHER, 8, 262_144, 2e15, 1e17, 5e16, keccak256("p"));
-        (uint64 alpha, uint64 beta, uint64 rate, uint32 vocab, uint8 k, ModelRegistry.ModelState state, bytes32 ph) =
+        hub.registerModel(OTHER, 8, 262_144, 2e15, 1e17, 5e16, keccak256("p"), 0, stops());
+        (uint64 alpha, uint64 beta, uint64 rate, uint32 vocab, uint8 k, ModelRegistry.ModelState state, bytes32 ph,) =
             hub.models(OTHER);
         assertEq(alpha, 2e15, "alpha");
         assertEq(beta, 1e17, "beta");
@@ -27,31 +27,31 @@ contract RegistryTest is Fixture {
         vm.expectRevert(
             abi.encodeWithSelector(IAccessControl.AccessControlUnauthorizedAccount.selector, REQUESTER, role)
         );
-        hub.registerModel(OTHER, 5, 64, 1e16, 0, 1e16, 0);
+        hub.registerModel(OTHER, 5, 64, 1e16, 0, 1e16, 0, 0, stops());
     }
 
     function test_registerRevertsTwice() public {
         vm.expectRevert(abi.encodeWithSelector(ModelRegistry.ModelExists.selector, MODEL));
-        hub.registerModel(MODEL, 5, 64, 1e16, 0, 1e16, 0);
+        hub.registerModel(MODEL, 5, 64, 1e16, 0, 1e16, 0, 0, stops());
     }
 
     function test_registerRevertsOnBadParams() public {
         vm.expectRevert(ModelRegistry.BadModelParams.selector);
-        hub.registerModel(OTHER, 0, 64, 1e16, 0, 1e16, 0); // K = 0
+        hub.registerModel(OTHER, 0, 64, 1e16, 0, 1e16, 0, 0, stops()); // K = 0
         vm.expectRevert(ModelRegistry.BadModelParams.selector);
-        hub.registerModel(OTHER, 65, 1000, 1e16, 0, 1e16, 0); // K > 64
+        hub.registerModel(OTHER, 65, 1000, 1e16, 0, 1e16, 0, 0, stops()); // K > 64
         vm.expectRevert(ModelRegistry.BadModelParams.selector);
-        hub.registerModel(OTHER, 5, 4, 1e16, 0, 1e16, 0); // vocab < K
+        hub.registerModel(OTHER, 5, 4, 1e16, 0, 1e16, 0, 0, stops()); // vocab < K
         vm.expectRevert(ModelRegistry.BadModelParams.selector);
-        hub.registerModel(OTHER, 5, 64, 0, 0, 1e16, 0); // alpha = 0
+        hub.registerModel(OTHER, 5, 64, 0, 0, 1e16, 0, 0, stops()); // alpha = 0
         vm.expectRevert(ModelRegistry.BadModelParams.selector);
-        hub.registerModel(OTHER, 5, 64, 1e16, 1e18, 1e16, 0); // beta = 1
+        hub.registerModel(OTHER, 5, 64, 1e16, 1e18, 1e16, 0, 0, stops()); // beta = 1
         vm.expectRevert(ModelRegistry.BadModelParams.selector);
-        hub.registerModel(OTHER, 5, 64, 1e16, 0, 1e18 + 1, 0); // rate > 1
+        hub.registerModel(OTHER, 5, 64, 1e16, 0, 1e18 + 1, 0, 0, stops()); // rate > 1
     }
 
     function test_statesMoveOneStepAtATime() public {
-        hub.registerModel(OTHER, 5, 64, 1e16, 0, 1e16, 0);
+        hub.registerModel(OTHER, 5, 64, 1e16, 0, 1e16, 0, 0, stops());
         vm.expectRevert(
             abi.encodeWithSelector(
                 ModelRegistry.BadStateTransition.selector,
@@ -81,7 +81,7 @@ contract RegistryTest is Fixture {
 
     function test_setParamsUpdatesRates() public {
         hub.setModelParams(MODEL, 3e15, 2e16, 1e17, keccak256("v2"));
-        (uint64 alpha,, uint64 rate,,,, bytes32 ph) = hub.models(MODEL);
+        (uint64 alpha,, uint64 rate,,,, bytes32 ph,) = hub.models(MODEL);
         assertEq(alpha, 3e15, "alpha");
         assertEq(rate, 1e17, "rate");
         assertEq(ph, keccak256("v2"), "profile hash");

@@ -55,6 +55,7 @@ OPERATOR_KINDS: dict[str, str] = {  # kind -> what it really does (short: it is 
 SAMPLING = ((0.7, 1.0), (1.0, 0.9), (1.0, 1.0), (0.7, 0.9))  # (temperature, top_p) per round, in turn
 OPERATOR_STAKE = 10 * 10**18
 VALIDATOR_STAKE = 5 * 10**18
+MIN_FEE_WEI = 10**15  # the registered minimum fee per request (the devnet pays fee_wei, by default 10x that)
 ADMIN, REQUESTER, FIRST_OPERATOR, FIRST_VALIDATOR, TREASURY = 0, 1, 2, 6, 19
 
 
@@ -65,7 +66,7 @@ class DevnetOptions(BaseModel):
 
     model: str = "smollm2-135m-instruct"
     validators: int = Field(default=3, ge=1, le=8)
-    committee: int = Field(default=2, ge=1, le=8, description="validators drawn per inference")
+    committee: int = Field(default=3, ge=1, le=8, description="validators drawn per inference (protocol minimum 3)")
     rounds: int = Field(default=6, ge=1, le=100, description="requests per operator (skipped once it is jailed)")
     tokens: int = Field(default=32, ge=4, le=512)
     check_rate: float = Field(default=1.0, gt=0, le=1, description="the model's minimum check rate")
@@ -281,11 +282,14 @@ class Devnet:
         self.anvil = Anvil(accounts=TREASURY + 1, block_time=opts.block_time, log_path=out / "anvil.log").start()
         w3 = self.anvil.web3()
         admin = dev_account(ADMIN)
+        committee = min(opts.committee, opts.validators)
         hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(TREASURY).address, commit_window=60,
-                                                      committee_size=min(opts.committee, opts.validators)))
+                                                      committee_size=committee, min_committee=min(3, committee)))
         self.hub, self.start_block = hub, deployment.block
-        self.model_id, k, vocab, alpha, beta, profile_hash = model_registration(opts.model)
-        hub.register_model(admin, self.model_id, k, vocab, alpha, beta, int(opts.check_rate * WAD), profile_hash)
+        registration = model_registration(opts.model)
+        self.model_id = registration.model_id
+        alpha, beta = registration.alpha, registration.beta
+        registration.register(hub, admin, int(opts.check_rate * WAD), min(opts.fee_wei, MIN_FEE_WEI))
         hub.advance_model_to(admin, self.model_id, ModelState.PUNITIVE)
         self.state.contract, self.state.rpc_url = hub.address, self.anvil.url
         self.state.model_rates = {"alpha": alpha / WAD, "beta": beta / WAD}

@@ -1,8 +1,11 @@
 """Executer mode on a chain: serve only inferences requested from this operator, commit each on chain.
 
 Before generating, the request must match what the chain recorded for its inference id (operator,
-model, user seed, prompt hash, sampling params); after generating, the commitment is sent through
-the transaction manager (journaled first) and confirmed before the response leaves.
+model, user seed, prompt hash, sampling params), and the operator accepts it on chain: that is its
+acknowledgement that the prompt arrived, and only an accepted request that then misses its commit
+deadline costs the operator stake (an unaccepted one just refunds the requester). After generating,
+the commitment is sent through the transaction manager (journaled first) and confirmed before the
+response leaves.
 """
 
 from __future__ import annotations
@@ -70,6 +73,17 @@ class ChainGate:
         for ok, reason, what in checks:
             if not ok:
                 raise InvalidInput(f"inference {inference_id} was requested with {what}", reason)
+        if not inf.accepted:
+            self.accept(inference_id)
+
+    def accept(self, inference_id: int) -> None:
+        """Acknowledge on chain that this request's prompt arrived (journaled, then confirmed)."""
+        fn = self.hub.contract.functions.acceptInference(inference_id)
+        try:
+            entry = self.txm.send(fn, purpose=f"accept {inference_id}")
+            self.txm.confirm(entry["nonce"])
+        except ChainError as exc:
+            raise RecoverableError(f"accept of {inference_id} failed: {exc}", Reason.TX_FAILED) from exc
 
     def commit(self, served: Served, artifact_root: bytes) -> None:
         """Commit output hash, artifact root and fingerprint hash, and wait until mined."""

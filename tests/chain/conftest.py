@@ -18,6 +18,8 @@ from chain.devnet import Anvil, dev_account
 MODEL_ID = b"\x11" * 32
 K = 5
 VOCAB = 1024
+STOP_TOKENS = (2,)
+MIN_FEE = 10**15
 ALPHA = 10**16
 BETA = 0
 
@@ -44,7 +46,7 @@ def build_net(w3: Web3, accounts: list[LocalAccount], validators: int = 3, min_c
     """Deploy the hub, register the test model as punitive, bond an operator and validators."""
     admin, operator, requester, treasury, *vals = accounts
     hub, _ = deploy(w3, admin, HubConfig(treasury=treasury.address))
-    hub.register_model(admin, MODEL_ID, K, VOCAB, ALPHA, BETA, min_check_rate, b"\x22" * 32)
+    hub.register_model(admin, MODEL_ID, K, VOCAB, ALPHA, BETA, min_check_rate, b"\x22" * 32, STOP_TOKENS, MIN_FEE)
     hub.advance_model_to(admin, MODEL_ID, ModelState.PUNITIVE)
     hub.bond(operator, Role.OPERATOR, 10 * 10**18)
     for v in vals[:validators]:

@@ -32,8 +32,8 @@ def hub() -> Hub:
 @given(user_seed=st.integers(0, 2**64 - 1), inference_id=st.integers(0, 2**256 - 1), i=st.integers(0, 2**32 - 1))
 def test_run_seed_and_uniform_match(hub: Hub, user_seed: int, inference_id: int, i: int) -> None:
     seed = run_seed(user_seed, inference_id)
-    assert bytes(hub.call("computeRunSeed", user_seed, inference_id)) == seed
-    assert hub.call("computeSamplerUniform", seed, i) == sampler_uniform(position_uniform(seed, i))
+    assert bytes(hub.call_views("computeRunSeed", user_seed, inference_id)) == seed
+    assert hub.call_views("computeSamplerUniform", seed, i) == sampler_uniform(position_uniform(seed, i))
 
 
 @SETTINGS
@@ -43,7 +43,7 @@ def test_reputation_is_bit_identical_over_verdict_sequences(hub: Hub, alpha: int
                                                            start: int) -> None:
     p_chain = p_py = start
     for valid in verdicts:
-        p_chain = hub.call("computePosterior", p_chain, alpha, beta, valid)
+        p_chain = hub.call_views("computePosterior", p_chain, alpha, beta, valid)
         p_py = compute_posterior_wad(p_py, alpha, beta, valid)
         assert p_chain == p_py
 
@@ -72,7 +72,7 @@ def test_position_rule_matches_the_scalar_spec(hub: Hub, case: tuple[int, list[i
     leaf = (0).to_bytes(4, "big") + chosen.to_bytes(4, "big") + b"".join(
         t.to_bytes(4, "big") + w.to_bytes(4, "big") + b"\x00" * 4 for t, w in zip(tokens, weights, strict=True))
     want = find_position_violation(v, chosen, tokens, weights, vocab)
-    assert hub.call("findPositionViolation", leaf, k, v, vocab) == int(want)
+    assert hub.call_views("findPositionViolation", leaf, k, v, vocab) == int(want)
 
 
 @SETTINGS
@@ -82,5 +82,5 @@ def test_python_leaves_and_proofs_give_the_python_positions_root(hub: Hub, reque
     if len(artifact.positions) == 0:
         return
     i = data.draw(st.integers(0, len(artifact.positions) - 1))
-    root = hub.call("computePositionsRoot", encode_leaf(artifact.positions, i), compute_leaf_proof(artifact, i))
+    root = hub.call_views("computePositionsRoot", encode_leaf(artifact.positions, i), compute_leaf_proof(artifact, i))
     assert bytes(root) == compute_positions_root(artifact.positions)

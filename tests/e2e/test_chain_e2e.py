@@ -59,9 +59,11 @@ def test_honest_paid_cheaters_slashed_and_a_forgery_proven(smol, tmp_path: Path)
 async def scenario(anvil: Anvil, smol, tmp_path: Path) -> None:  # one story, told in order
     w3 = anvil.web3()
     admin, requester = dev_account(0), dev_account(1)
-    hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(9).address, committee_size=2))
-    model_id, k, vocab, alpha, beta, profile_hash = model_registration(MODEL)
-    hub.register_model(admin, model_id, k, vocab, alpha, beta, 10**18, profile_hash)
+    # two validators, both in every committee (a test network: the protocol default minimum is 3)
+    hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(9).address, committee_size=2, min_committee=2))
+    registration = model_registration(MODEL)
+    model_id = registration.model_id
+    registration.register(hub, admin, 10**18, 0)
     hub.advance_model_to(admin, model_id, ModelState.PUNITIVE)
     _, profile = load_profile(smol.files.spec)
     base = smol.engine
