@@ -370,8 +370,8 @@ class Hub:
     def get_inference(self, inference_id: int) -> Inference:
         """Return an inference's stored record."""
         r = self.call("getInference", inference_id)
-        return Inference(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), bytes(r[6]), r[7], Status(r[8]), *r[9:13],
-                         r[13], r[14], r[15], bool(r[16]))
+        return Inference(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), bytes(r[6]), r[7], Status(r[8]), r[9], r[10],
+                         r[11], r[12], r[13], r[14], r[15], bool(r[16]))
 
     def selection_of(self, inference_id: int) -> tuple[bool, list[str]]:
         """Return whether an inference is checked and its committee."""

@@ -36,7 +36,10 @@ class ModelTokenizer:
             raise PromptError("this model has no chat template: use /v1/completions", Reason.PROMPT_MISMATCH)
         if not messages:
             raise PromptError("messages must not be empty", Reason.PROMPT_MISMATCH)
-        encoded = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        try:
+            encoded = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # a template may refuse messages (jinja raise_exception): a bad request, typed
+            raise PromptError(f"the chat template refused these messages: {exc}", Reason.PROMPT_MISMATCH) from exc
         ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
         return tuple(int(t) for t in ids)
 

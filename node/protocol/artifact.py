@@ -310,6 +310,9 @@ def _require_canonical_rows(rows: np.ndarray) -> None:
 
 def decode_artifact(raw: bytes) -> Artifact:
     """Return the artifact in its uncompressed canonical encoding, or raise InvalidArtifact."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise InvalidArtifact("artifact must be bytes", Reason.WIRE_MALFORMED)
+    raw = bytes(raw)
     if len(raw) > MAX_ARTIFACT_BYTES:
         raise InvalidArtifact(f"artifact of {len(raw)} bytes exceeds {MAX_ARTIFACT_BYTES}", Reason.ARTIFACT_TOO_LARGE)
     header, end = decode_header(raw)

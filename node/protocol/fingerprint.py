@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from node.protocol.artifact import MAX_OUTPUT_TOKENS
 from node.protocol.errors import InvalidInput, InvalidParams, Reason
 from node.protocol.hashing import keccak256
 
@@ -29,6 +30,10 @@ TOPK = 128
 DECODE_CHUNK_ROWS = 32
 MODULUS_FLOOR = 2**15  # exclusive: moduli tried are 65497 … 32769
 CHUNK_BYTES = 2 + 2 * TOPK
+CHUNK_BASE64_CHARS = 4 * -(-CHUNK_BYTES // 3)
+# The prompt chunk, then at most MAX_OUTPUT_TOKENS − 1 fed-back rows in groups of 32: no valid proof is longer,
+# so a decoder refuses more before it allocates for them.
+MAX_FINGERPRINT_CHUNKS = 1 + -(-(MAX_OUTPUT_TOKENS - 1) // DECODE_CHUNK_ROWS)
 
 
 class InvalidFingerprint(InvalidInput):
@@ -148,8 +153,10 @@ def build_fingerprint(hidden: np.ndarray, prompt_rows: int) -> list[bytes]:
 
 def decode_fingerprint(chunks: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """Return (moduli, coefficients) of proof chunks, or raise InvalidFingerprint."""
-    if not chunks:
-        raise InvalidFingerprint("no fingerprint chunks", Reason.FINGERPRINT_MALFORMED)
+    if not isinstance(chunks, (list, tuple)) or not chunks:
+        raise InvalidFingerprint("fingerprint chunks must be a non-empty list", Reason.FINGERPRINT_MALFORMED)
+    if len(chunks) > MAX_FINGERPRINT_CHUNKS:
+        raise InvalidFingerprint(f"{len(chunks)} chunks exceed {MAX_FINGERPRINT_CHUNKS}", Reason.FINGERPRINT_MALFORMED)
     for j, chunk in enumerate(chunks):
         if not isinstance(chunk, bytes) or len(chunk) != CHUNK_BYTES:
             raise InvalidFingerprint(f"chunk {j} is not {CHUNK_BYTES} bytes", Reason.FINGERPRINT_MALFORMED, j)
@@ -199,7 +206,19 @@ def encode_fingerprint_base64(chunks: Sequence[bytes]) -> list[str]:
 
 def decode_fingerprint_base64(items: Sequence[str]) -> list[bytes]:
     """Return chunks from their base64 strings, or raise InvalidFingerprint."""
-    try:
-        return [base64.b64decode(s, validate=True) for s in items]
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise InvalidFingerprint(f"fingerprint chunk is not base64: {exc}", Reason.FINGERPRINT_MALFORMED) from exc
+    if not isinstance(items, (list, tuple)):
+        raise InvalidFingerprint("fingerprint chunks must be a list of base64 strings", Reason.FINGERPRINT_MALFORMED)
+    if len(items) > MAX_FINGERPRINT_CHUNKS:
+        raise InvalidFingerprint(f"{len(items)} chunks exceed {MAX_FINGERPRINT_CHUNKS}", Reason.FINGERPRINT_MALFORMED)
+    out = []
+    for j, s in enumerate(items):
+        # Bounded before decoding: a peer must not make us decode (and hash) megabytes per chunk.
+        if not isinstance(s, (str, bytes)) or len(s) > CHUNK_BASE64_CHARS:
+            raise InvalidFingerprint(f"chunk {j} is not base64 of at most {CHUNK_BYTES} bytes",
+                                     Reason.FINGERPRINT_MALFORMED, j)
+        try:
+            out.append(base64.b64decode(s, validate=True))
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidFingerprint(f"fingerprint chunk {j} is not base64: {exc}", Reason.FINGERPRINT_MALFORMED,
+                                     j) from exc
+    return out

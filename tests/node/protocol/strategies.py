@@ -24,3 +24,9 @@ requests = st.builds(
     output_length=st.integers(0, 24),
     logit_scale=st.sampled_from([0.5, 3.0, 8.0]),
 )
+
+# Any JSON document (what a peer can put anywhere in a message), kept small so examples stay fast.
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**300), 2**300),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
