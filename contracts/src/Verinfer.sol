@@ -3,6 +3,7 @@ pragma solidity 0.8.28;
 
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {Protocol} from "./Protocol.sol";
 import {ProtocolViews} from "./ProtocolViews.sol";
 import {Staking} from "./Staking.sol";
@@ -510,7 +511,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     ) external nonReentrant {
         Inference storage inf = inferences[id];
         Status status = _requireProvable(id, inf, c);
-        if (leaf.length != 0) positionsRoot = protocolViews.computePositionsRoot(leaf, proof);
+        if (leaf.length != 0) positionsRoot = MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
         if (Protocol.computeArtifactRoot(keccak256(header), positionsRoot) != c.artifactRoot) {
             revert ArtifactRootMismatch();
         }
@@ -562,12 +563,12 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         bytes calldata leaf,
         bytes32[] calldata proof
     ) private view returns (uint32 position, uint16 reason) {
-        bytes32 positionsRoot = protocolViews.computePositionsRoot(leaf, proof);
+        bytes32 positionsRoot = MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
         if (Protocol.computeArtifactRoot(headerHash, positionsRoot) != artifactRoot) revert ArtifactRootMismatch();
         Model storage m = models[inf.modelId];
         position = Protocol.decodeLeafPosition(leaf);
         uint256 v = Protocol.computeSamplerUniform(Protocol.computeRunSeed(inf.userSeed, id), position);
-        reason = protocolViews.findPositionViolation(leaf, m.k, v, m.vocabSize);
+        reason = Protocol.findPositionViolation(leaf, m.k, v, m.vocabSize);
         if (reason == Protocol.OK) revert NotFraud(position);
     }
 
