@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench_gas.json"))
     args = parser.parse_args()
     gas = measure(args.tokens)
-    table = Table(title="gas per call (anvil, solc 0.8.28, optimizer 200 runs, cancun)")
+    table = Table(title="gas per call (anvil, solc 0.8.28, optimizer 200 runs, via-IR, cancun)")
     table.add_column("call")
     table.add_column("gas", justify="right")
     table.add_column("target", justify="right")
