@@ -1,29 +1,39 @@
 """A libp2p host in its own trio thread, with a clean bridge to the asyncio daemon.
 
 Security is Noise only (no plaintext transport is configured). The peer key is persistent: a
-secp256k1 private key in the node's data dir (0600). The payload protocol `/verinfer/payload/1`:
-  request   uint32 length ‖ UTF-8 decimal inference id
-  response  uint8 status (0 found, 1 not found) ‖ uint32 length ‖ payload JSON bytes
-with a size limit and a timeout on every read. The answer is only bytes: the caller checks them
-against the on-chain commitments before caching or passing them on, and scores the peer down if
-they do not match; a peer under the floor is dropped.
+secp256k1 private key in the node's data dir (0600). The payload protocol `/verinfer/payload/1`
+is declared in node/p2p/wire.py. The answer is only bytes: the caller checks them against the
+on-chain commitments before caching or passing them on, and scores the peer down if they do not
+match; a peer under the floor is dropped.
+
+Whatever a peer sends, it ends at most its own stream (DESIGN §5, finding 5 of issue 15): every
+wire field is range-checked before use, each stream handler is isolated, libp2p's own (pubsub,
+identify, ping) included (an error is logged, counted in `counts` and resets that stream only), a
+peer has at most `max_streams_per_peer` payload streams at once, a request must arrive within
+`request_timeout`, answers are bounded.
+
+Nothing the daemon hands in runs in the trio thread (finding 9): `provider`, `validate` and
+`on_message` run in worker threads (trio.to_thread, each with its own capacity limiter), so a slow
+store, a blocking RPC in a validator or a slow handler cannot stall the host. A validation that
+raises or takes longer than `validate_budget` rejects that one message; a handler that raises
+drops that one message; neither ends the pubsub task. They must be thread-safe.
 
 asyncio → trio: `trio.from_thread.run` (with the host's trio token) inside `asyncio.to_thread`.
-trio → the provider: a plain function called in the trio thread (it must be thread-safe and quick:
-a cache or store lookup).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import multiaddr
 import trio
@@ -36,13 +46,31 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
+from node.p2p.wire import (
+    ANSWER_HEADER,
+    FOUND,
+    MAX_FETCHES_PER_PEER,
+    MAX_PAYLOAD,
+    MAX_REQUEST,
+    MAX_STREAMS_PER_PEER,
+    NOT_FOUND,
+    PayloadRequest,
+    check_request_length,
+    decode_answer_header,
+    decode_payload_request,
+    encode_answer,
+    encode_payload_request,
+)
 
 log = logging.getLogger(__name__)
 PAYLOAD_PROTOCOL = TProtocol("/verinfer/payload/1")
-MAX_PAYLOAD = 32 * 2**20
-MAX_REQUEST = 128
-FOUND, NOT_FOUND = 0, 1
 SCORE_FLOOR = -3
+CLOSE_TIMEOUT = 1.0  # seconds to close a stream politely before it is reset
+
+T = TypeVar("T")
+
+__all__ = ["FOUND", "MAX_PAYLOAD", "MAX_REQUEST", "NOT_FOUND", "PAYLOAD_PROTOCOL", "SCORE_FLOOR", "BadPeerAnswer",
+           "P2PHost", "PayloadNotFound", "PeerUnavailable", "compute_peer_id", "load_peer_key"]
 
 
 class PeerUnavailable(RecoverableError):
@@ -80,13 +108,51 @@ def compute_peer_id(key_path: Path) -> str:
 
 
 async def _read_exact(stream: Any, n: int) -> bytes:
-    buf = b""
+    buf = bytearray()
     while len(buf) < n:
         chunk = await stream.read(n - len(buf))
         if not chunk:
             raise EOFError("stream closed early")
         buf += chunk
-    return buf
+    return bytes(buf)
+
+
+async def _run_in_worker(fn: Callable[[], T], limiter: trio.CapacityLimiter) -> T:
+    """Run fn in a worker thread; a cancelled caller stops waiting for it (the thread holds its limiter slot)."""
+    run: Any = trio.to_thread.run_sync  # the installed trio_typing stubs predate trio's abandon_on_cancel
+    return cast(T, await run(fn, abandon_on_cancel=True, limiter=limiter))
+
+
+async def _read_request(stream: Any) -> PayloadRequest:
+    """Read and parse one payload request: the length is checked before the body is read."""
+    n = check_request_length(int.from_bytes(await _read_exact(stream, 4), "big"))
+    return decode_payload_request(await _read_exact(stream, n))
+
+
+def _get_peer(stream: Any) -> str:
+    """Return the peer id of a stream's connection ("?" if the stream cannot tell)."""
+    try:
+        return str(stream.muxed_conn.peer_id)
+    except Exception:
+        return "?"
+
+
+async def _end_stream(stream: Any, ok: bool) -> None:
+    """Close a stream, or reset it after a rejection or a close that failed; a gone stream is not an error."""
+    if ok and await _is_ended_in_time(stream.close):
+        return
+    await _is_ended_in_time(stream.reset)
+
+
+async def _is_ended_in_time(end: Callable[[], Awaitable[None]]) -> bool:
+    """Return whether end() finished within CLOSE_TIMEOUT (shielded: a cancelled caller still ends its stream)."""
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_TIMEOUT) as scope:
+        try:
+            await end()
+        except Exception as exc:  # the peer reset or vanished first: nothing left to end
+            log.debug("stream already ended: %s", exc)
+            return False
+    return not scope.cancelled_caught
 
 
 @dataclass
@@ -94,9 +160,9 @@ class P2PHost:
     """One node's libp2p host; start() runs it in a thread, stop() ends it."""
 
     key_path: Path
-    provider: Callable[[int], bytes | None] = lambda _: None
+    provider: Callable[[int], bytes | None] = lambda _: None  # runs in a worker thread: must be thread-safe
     listen: str = "/ip4/127.0.0.1/tcp/0"
-    timeout: float = 10.0
+    timeout: float = 10.0  # seconds for one fetch, and for the provider and the answer of one served request
     scores: dict[str, int] = field(default_factory=dict)
     _thread: threading.Thread | None = None
     _token: Any = None
@@ -107,7 +173,16 @@ class P2PHost:
     peer_id: str = ""
     topic: str | None = None  # gossipsub topic for verdicts (one per chain + contract); None: no gossip
     validate: Callable[[bytes], bool] = lambda _: False  # checked before a message is delivered or relayed
-    on_message: Callable[[bytes], None] = lambda _: None  # called in the trio thread for every valid message
+    on_message: Callable[[bytes], None] = lambda _: None  # called (in a worker thread) for every valid message
+    request_timeout: float = 5.0  # seconds a peer has to send its whole payload request
+    validate_budget: float = 2.0  # seconds one gossip validation may take (waiting included); then rejected
+    max_streams_per_peer: int = MAX_STREAMS_PER_PEER  # payload streams one peer may have open at once
+    max_streams: int = 64  # payload streams all peers together may have open at once
+    worker_threads: int = 4  # threads for the provider, and as many for validate
+    counts: Counter[str] = field(default_factory=Counter)  # rejected requests and messages, by kind
+    _open: Counter[str] = field(default_factory=Counter)  # payload streams being served, by peer
+    _fetch_slots: dict[str, trio.Semaphore] = field(default_factory=dict)  # per peer we fetch from
+    _isolated: set[str] = field(default_factory=set)  # protocols whose handler is wrapped by _isolate
 
     def start(self) -> P2PHost:
         """Start the host in its own trio thread and wait until it listens."""
@@ -123,17 +198,27 @@ class P2PHost:
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             self._thread.join(10)
 
+    def is_running(self) -> bool:
+        """Check whether the host's trio thread is still alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     async def _main(self) -> None:
         try:
             secret = load_peer_key(self.key_path)
             key_pair = create_new_key_pair(secret)
             noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=create_noise_key_pair().private_key,
                                    early_data=None)
+            self._provider_limiter = trio.CapacityLimiter(self.worker_threads)
+            self._validate_limiter = trio.CapacityLimiter(self.worker_threads)
+            self._deliver_limiter = trio.CapacityLimiter(1)  # one message at a time, in order
             self._host = new_host(key_pair=key_pair, sec_opt={NOISE_PROTOCOL_ID: noise})
             self._host.set_stream_handler(PAYLOAD_PROTOCOL, self._serve)
+            self._isolated.add(PAYLOAD_PROTOCOL)  # _serve isolates itself, and counts by kind
+            self._isolate_stream_handlers()  # libp2p's own: identify, identify push, ping
             self._stop = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
             async with self._host.run(listen_addrs=[multiaddr.Multiaddr(self.listen)]):
+                self._isolate_stream_handlers()
                 self.addrs = [str(a) for a in self._host.get_addrs()]
                 self.peer_id = str(self._host.get_id())
                 if self.topic is None:
@@ -146,6 +231,36 @@ class P2PHost:
             self._ready.set()
             raise
 
+    def _count(self, kind: str, why: BaseException | str, level: int = logging.INFO, **extra: Any) -> None:
+        """Count and log one rejected request or message (called in the trio thread only)."""
+        self.counts[kind] += 1
+        reason = why.reason.name if isinstance(why, InvalidInput) else \
+            type(why).__name__ if isinstance(why, BaseException) else kind
+        log.log(level, "libp2p %s: %s", kind.replace("_", " "), why,
+                extra={"kind": kind, "reason": reason, "count": self.counts[kind], **extra})
+
+    def _isolate_stream_handlers(self) -> None:
+        """Wrap every protocol handler registered so far, libp2p's own included, so that an error in one
+        (py-libp2p's pubsub lets a protobuf DecodeError out) ends that stream, never the host."""
+        for protocol, handler in list(self._host.get_mux().handlers.items()):
+            if protocol is not None and handler is not None and str(protocol) not in self._isolated:
+                self._host.set_stream_handler(protocol, self._isolate(str(protocol), handler))
+                self._isolated.add(str(protocol))
+
+    def _isolate(self, protocol: str, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """Return handler wrapped so that any error it raises is counted and resets that stream only."""
+
+        async def on_stream(stream: Any) -> None:
+            try:
+                await handler(stream)
+            except Exception as exc:  # a peer's bytes broke the handler: that stream ends, the host goes on
+                self._count("stream_handler_error", exc, protocol=protocol, peer=_get_peer(stream))
+                await _end_stream(stream, False)
+
+        return on_stream
+
+    # ---- verdict gossip ---------------------------------------------------------------------------
+
     async def _run_gossip(self, topic: str) -> None:
         from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
         from libp2p.pubsub.gossipsub import GossipSub
@@ -154,10 +269,12 @@ class P2PHost:
 
         router = GossipSub(protocols=[GOSSIPSUB_PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
                            heartbeat_initial_delay=0.2, heartbeat_interval=1)
-        self._pubsub = Pubsub(self._host, router)
+        # pubsub's own validation timeout is a backstop only: ours fires first, and counts
+        self._pubsub = Pubsub(self._host, router, validation_timeout=self.validate_budget + 1.0)
         async with background_trio_service(self._pubsub), background_trio_service(router):
             await self._pubsub.wait_until_ready()
-            self._pubsub.set_topic_validator(topic, lambda _peer, msg: self._is_valid(msg.data), False)
+            self._isolate_stream_handlers()  # the pubsub protocols it has just registered
+            self._pubsub.set_topic_validator(topic, self._validate_message, True)
             subscription = await self._pubsub.subscribe(topic)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._deliver, subscription)
@@ -165,20 +282,25 @@ class P2PHost:
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
 
-    def _is_valid(self, data: bytes) -> bool:
-        try:
-            return bool(self.validate(data))
-        except Exception as exc:  # a validator that fails rejects: a message is relayed only when known good
-            log.info("gossip message rejected: %s", exc)
-            return False
+    async def _validate_message(self, _forwarder: Any, message: Any) -> bool:
+        """Return whether a gossip message passes `validate` in a worker thread within the budget."""
+        data = bytes(message.data)
+        with trio.move_on_after(self.validate_budget):
+            try:
+                return await _run_in_worker(lambda: bool(self.validate(data)), self._validate_limiter)
+            except Exception as exc:  # a validator that fails rejects: a message is relayed only when known good
+                self._count("gossip_validate_error", exc)
+                return False
+        self._count("gossip_validate_timeout", f"no answer within {self.validate_budget} s")
+        return False
 
     async def _deliver(self, subscription: Any) -> None:
         while True:
             message = await subscription.get()
             try:
-                self.on_message(bytes(message.data))
-            except Exception:
-                log.exception("gossip handler failed")
+                await _run_in_worker(functools.partial(self.on_message, bytes(message.data)), self._deliver_limiter)
+            except Exception as exc:  # the handler's failure drops this message, never the subscription
+                self._count("gossip_handler_error", exc, logging.WARNING)
 
     async def _connect(self, addr: str) -> None:
         with trio.fail_after(self.timeout):
@@ -201,48 +323,91 @@ class P2PHost:
             raise FatalError("this host has no gossip topic", Reason.OUT_OF_RANGE)
         trio.from_thread.run(self._publish, data, trio_token=self._token)
 
+    # ---- serving payloads ---------------------------------------------------------------------------
+
     async def _serve(self, stream: Any) -> None:
+        """Answer one payload request; whatever the peer sends or the provider does, only this stream ends."""
+        ok = False
+        peer = _get_peer(stream)
+        admitted = False
+        try:
+            if self._open[peer] >= self.max_streams_per_peer or self._open.total() >= self.max_streams:
+                self._count("payload_busy", f"{self._open[peer]} streams from this peer, "
+                            f"{self._open.total()} in all", peer=peer)
+                return
+            self._open[peer] += 1
+            admitted = True
+            with trio.fail_after(self.request_timeout):
+                request = await _read_request(stream)
+            answer = encode_answer(await self._provide(request.inference_id, peer))
+            with trio.fail_after(self.timeout):
+                await stream.write(answer)
+            ok = True
+        except InvalidInput as exc:
+            self._count("payload_invalid_request", exc, peer=peer)
+        except trio.TooSlowError:
+            self._count("payload_timeout", "request or answer too slow", peer=peer)
+        except Exception as exc:  # the stream broke (reset, EOF) or something unforeseen: this stream only
+            self._count("payload_stream_error", exc, peer=peer)
+        finally:
+            if admitted:
+                self._open[peer] -= 1
+                if self._open[peer] <= 0:
+                    del self._open[peer]
+            await _end_stream(stream, ok)
+
+    async def _provide(self, inference_id: int, peer: str) -> bytes | None:
+        """Return the provider's payload for an id (from a worker thread), or None if it has none or fails."""
         try:
             with trio.fail_after(self.timeout):
-                n = int.from_bytes(await _read_exact(stream, 4), "big")
-                if n > MAX_REQUEST:
-                    return
-                inference_id = int((await _read_exact(stream, n)).decode())
-                body = self.provider(inference_id)
-                if body is None or len(body) > MAX_PAYLOAD:
-                    await stream.write(bytes([NOT_FOUND]) + (0).to_bytes(4, "big"))
-                else:
-                    await stream.write(bytes([FOUND]) + len(body).to_bytes(4, "big") + body)
-        except (trio.TooSlowError, EOFError, ValueError) as exc:
-            log.info("payload request dropped: %s", exc)
-        finally:
-            await stream.close()
+                body = await _run_in_worker(lambda: self.provider(inference_id), self._provider_limiter)
+        except Exception as exc:  # our store's failure is not the peer's: it hears "not found", we keep serving
+            self._count("payload_provider_error", exc, logging.WARNING, peer=peer, inference_id=str(inference_id))
+            return None
+        if body is not None and (not isinstance(body, bytes) or len(body) > MAX_PAYLOAD):
+            self._count("payload_provider_error", f"provider returned {type(body).__name__} "
+                        f"of {len(body) if isinstance(body, bytes) else '?'} bytes", logging.WARNING, peer=peer)
+            return None
+        return body
 
-    async def _fetch(self, addr: str, inference_id: int) -> bytes:
+    # ---- fetching payloads ----------------------------------------------------------------------------
+
+    async def _fetch(self, addr: str, request: PayloadRequest) -> bytes:
         info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-        with trio.fail_after(self.timeout):
-            await self._host.connect(info)
-            stream = await self._host.new_stream(info.peer_id, [PAYLOAD_PROTOCOL])
+        peer = str(info.peer_id)
+        slots = self._fetch_slots.setdefault(peer, trio.Semaphore(MAX_FETCHES_PER_PEER))
+        try:
+            with trio.fail_after(self.timeout):
+                async with slots:  # stay within what an honest peer serves us at once
+                    return await self._fetch_on_stream(info, request)
+        finally:
+            if self._fetch_slots.get(peer) is slots and slots.value == MAX_FETCHES_PER_PEER \
+                    and slots.statistics().tasks_waiting == 0:  # idle: forget it, peers come and go
+                del self._fetch_slots[peer]
+
+    async def _fetch_on_stream(self, info: Any, request: PayloadRequest) -> bytes:
+        await self._host.connect(info)
+        stream = await self._host.new_stream(info.peer_id, [PAYLOAD_PROTOCOL])
+        try:
+            await stream.write(encode_payload_request(request))
             try:
-                request = str(inference_id).encode()
-                await stream.write(len(request).to_bytes(4, "big") + request)
-                status = (await _read_exact(stream, 1))[0]
-                n = int.from_bytes(await _read_exact(stream, 4), "big")
-                if status == NOT_FOUND:
-                    raise PayloadNotFound(f"{info.peer_id} has no payload for {inference_id}", Reason.OK)
-                if status != FOUND or n > MAX_PAYLOAD:
-                    raise BadPeerAnswer(f"{info.peer_id}: status {status}, {n} bytes", Reason.WIRE_TOO_LARGE)
-                return await _read_exact(stream, n)
-            finally:
-                await stream.close()
+                status, n = decode_answer_header(await _read_exact(stream, ANSWER_HEADER))
+            except InvalidInput as exc:
+                raise BadPeerAnswer(f"{info.peer_id}: {exc}", exc.reason) from exc
+            if status == NOT_FOUND:
+                raise PayloadNotFound(f"{info.peer_id} has no payload for {request.inference_id}", Reason.OK)
+            return await _read_exact(stream, n)
+        finally:
+            await _end_stream(stream, True)
 
     def fetch_payload_blocking(self, addr: str, inference_id: int) -> bytes:
         """Fetch a payload from a peer (call from a non-trio thread)."""
+        request = PayloadRequest(inference_id=inference_id)  # our own ids come from the chain: uint256
         peer = addr.rsplit("/p2p/", 1)[-1]
         if self.scores.get(peer, 0) <= SCORE_FLOOR:
             raise PeerUnavailable(f"peer {peer} was dropped for serving bad data", Reason.OK)
         try:
-            return bytes(trio.from_thread.run(self._fetch, addr, inference_id, trio_token=self._token))
+            return bytes(trio.from_thread.run(self._fetch, addr, request, trio_token=self._token))
         except (trio.TooSlowError, OSError, EOFError) as exc:
             raise PeerUnavailable(f"{peer}: {type(exc).__name__}: {exc}", Reason.OK) from exc
         except (PayloadNotFound, BadPeerAnswer):
