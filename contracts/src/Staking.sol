@@ -177,6 +177,8 @@ abstract contract Staking is ReentrancyGuard {
     function _checkpointWeight(address who) internal {
         Staker storage s = stakers[who];
         if (s.role != Role.Validator) return;
+        // the previous and new values it returns are not needed: the history is read by block number
+        // slither-disable-next-line unused-return
         weightHistory[who].push(uint48(block.number), uint208(_currentWeight(s)));
     }
 

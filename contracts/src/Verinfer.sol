@@ -219,18 +219,18 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         if (s.role != Role.Operator || s.jailed || s.unbondBlock != 0 || s.stake < minOperatorStake) {
             revert OperatorUnavailable(operator);
         }
-        uint256 bond = requestBond;
-        if (msg.value < bond + m.minFee) revert FeeTooLow(msg.value, bond + m.minFee);
-        uint256 fee = msg.value - bond;
+        uint256 deposit = requestBond;
+        if (msg.value < deposit + m.minFee) revert FeeTooLow(msg.value, deposit + m.minFee);
+        uint256 fee = msg.value - deposit;
         if (fee > type(uint96).max) revert FeeTooLarge();
         id = ++nextInferenceId;
         Inference storage inf = inferences[id];
         (inf.requester, inf.userSeed, inf.commitDeadline) = (msg.sender, userSeed, uint32(block.number + commitWindow));
         (inf.operator, inf.fee, inf.modelId, inf.status) = (operator, uint96(fee), modelId, Status.Requested);
-        (inf.bond, inf.maxTokens) = (uint96(bond), p.maxTokens);
+        (inf.bond, inf.maxTokens) = (uint96(deposit), p.maxTokens);
         s.open += 1;
         totalEscrow += msg.value;
-        emit InferenceRequested(id, msg.sender, operator, modelId, promptHash, userSeed, p, fee, bond);
+        emit InferenceRequested(id, msg.sender, operator, modelId, promptHash, userSeed, p, fee, deposit);
     }
 
     /// @notice The operator acknowledges that it received the prompt: from now on a missed deadline costs it stake.
@@ -316,8 +316,8 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     function _drawCommittee(bytes32 seed, uint256 commitBlock) internal view returns (uint256[] memory members) {
         uint256 n = validators.length;
         uint256[] memory weight = new uint256[](n);
-        uint256 total;
-        uint256 eligible;
+        uint256 total = 0;
+        uint256 eligible = 0;
         for (uint256 i; i < n; ++i) {
             uint256 w = weightAt(validators[i], commitBlock - 1);
             if (w != 0) {
@@ -516,7 +516,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
             revert ArtifactRootMismatch();
         }
         uint256 outputLength = protocolViews.decodeHeaderOutputLength(header);
-        uint32 position;
+        uint32 position = 0;
         uint16 reason;
         if (leaf.length == 0) {
             reason = Protocol.findLengthViolation(outputLength, inf.maxTokens);
