@@ -82,14 +82,15 @@ def _case(name: str, expected: Reason, art: Artifact, onchain: OnchainInference)
 def run_protocol_selfcheck(user_seed: int = 42, inference_id: int = 7, output_length: int = 64,
                            vocab_size: int = 49_152, logits_seed: int = 0) -> SelfCheckReport:
     """Return the report for one honest artifact and a forged copy per stage-1 rule family."""
-    req = SyntheticRequest(inference_id, user_seed, SamplingParams(0.8, 0.95, 0, 128), vocab_size=vocab_size,
+    req = SyntheticRequest(inference_id, user_seed, SamplingParams(0.8, 0.95, 0, output_length), vocab_size=vocab_size,
                            output_length=output_length)
     art = make_synthetic_artifact(req, logits_seed)
     onchain = make_onchain(req, art)
     recommit: Callable[[Artifact], OnchainInference] = lambda forged: make_onchain(req, forged)  # noqa: E731
     other_seed = make_synthetic_artifact(dataclasses.replace(req, user_seed=user_seed + 1), logits_seed)
     replayed = Artifact(art.header, other_seed.positions)
-    hotter = make_synthetic_artifact(dataclasses.replace(req, params=SamplingParams(1.2, 0.95, 0, 128)), logits_seed)
+    hotter = make_synthetic_artifact(dataclasses.replace(req, params=SamplingParams(1.2, 0.95, 0, output_length)),
+                                     logits_seed)
     forged_choice = forge_other_candidate(art)
     reordered = forge_reordered_weights(art)
     cases = [

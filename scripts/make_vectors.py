@@ -28,7 +28,7 @@ from node.protocol.merkle import compute_merkle_proof, compute_merkle_root
 from node.protocol.reputation import PRIOR_WAD, compute_posterior_wad
 from node.protocol.sampler import SamplingParams, float32_bits, sample_position
 from node.protocol.seed import position_uniform, run_seed, sampler_uniform
-from node.protocol.sequence import find_position_violation
+from node.protocol.sequence import find_length_violation, find_position_violation, find_termination_violation
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "protocol_v1.json"
 
@@ -135,6 +135,20 @@ def position_rule_vectors() -> list[dict[str, Any]]:
              "reason": int(find_position_violation(v, c, i, ww, 64))} for v, c, i, ww in cases]
 
 
+def termination_vectors() -> list[dict[str, Any]]:
+    """Return termination-rule cases for one leaf (DESIGN.md §5), as proveTermination applies them."""
+    cases = [(3, True, 4, 8), (3, False, 4, 8), (3, False, 4, 4), (3, True, 4, 4), (1, True, 4, 8), (1, True, 4, 4),
+             (1, False, 4, 8), (7, False, 4, 8), (0, True, 9, 8), (0, False, 1, 1), (0, False, 1, 2), (0, True, 1, 2)]
+    return [{"position": p, "chosen_is_stop": stop, "output_length": n, "max_tokens": m,
+             "reason": int(find_termination_violation(p, stop, n, m))} for p, stop, n, m in cases]
+
+
+def length_vectors() -> list[dict[str, Any]]:
+    """Return the header-level part of the termination rule: empty and over-long outputs."""
+    return [{"output_length": n, "max_tokens": m, "reason": int(find_length_violation(n, m))}
+            for n, m in ((0, 8), (0, 0), (9, 8), (8, 8), (1, 8))]
+
+
 def build_vectors() -> dict[str, Any]:
     """Return every golden vector of protocol v1."""
     return {
@@ -145,6 +159,8 @@ def build_vectors() -> dict[str, Any]:
         "artifact": artifact_vectors(),
         "reputation": reputation_vectors(),
         "position_rule": position_rule_vectors(),
+        "termination": termination_vectors(),
+        "termination_length": length_vectors(),
     }
 
 

@@ -3,6 +3,7 @@ pragma solidity 0.8.28;
 
 import {Base} from "./Base.sol";
 import {Protocol} from "../src/Protocol.sol";
+import {ProtocolViews} from "../src/ProtocolViews.sol";
 
 /// @dev Exposes the library's calldata functions.
 contract ProtocolHarness {
@@ -72,6 +73,30 @@ contract ProtocolTest is Base {
                 vm.parseJsonUint(json, key("position_rule", i, "vocab_size"))
             );
             assertEq(got, vm.parseJsonUint(json, key("position_rule", i, "reason")), "reason");
+        }
+    }
+
+    function test_terminationRuleMatchesVectors() public {
+        ProtocolViews views = new ProtocolViews();
+        uint256 n = count(".termination");
+        assertGe(n, 10, "vectors present");
+        for (uint256 i; i < n; ++i) {
+            uint16 got = views.findTerminationViolation(
+                vm.parseJsonUint(json, key("termination", i, "position")),
+                vm.parseJsonBool(json, key("termination", i, "chosen_is_stop")),
+                vm.parseJsonUint(json, key("termination", i, "output_length")),
+                vm.parseJsonUint(json, key("termination", i, "max_tokens"))
+            );
+            assertEq(got, vm.parseJsonUint(json, key("termination", i, "reason")), "termination reason");
+        }
+        n = count(".termination_length");
+        assertGe(n, 4, "length vectors present");
+        for (uint256 i; i < n; ++i) {
+            uint16 got = views.findLengthViolation(
+                vm.parseJsonUint(json, key("termination_length", i, "output_length")),
+                vm.parseJsonUint(json, key("termination_length", i, "max_tokens"))
+            );
+            assertEq(got, vm.parseJsonUint(json, key("termination_length", i, "reason")), "length reason");
         }
     }
 

@@ -113,3 +113,20 @@ class TemperatureLieEngine(_OnTheRealModel):
         """Generate each request at its declared temperature + delta."""
         return self.honest.generate([replace(r, params=replace(r.params, temperature=r.params.temperature + self.delta))
                                      for r in requests])
+
+
+@dataclass
+class TruncatingEngine(_OnTheRealModel):
+    """The real model, stopped after `keep` tokens while claiming the declared max_tokens (a cheap, cut answer).
+
+    Every leaf is honest, so the sampler rule holds at every position: only the termination rule
+    (DESIGN.md §5: shorter than max_tokens ⇒ ends on a stop token) gives it away, in stage 1 and on chain.
+    """
+
+    keep: int = 4
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate at most `keep` tokens of each request."""
+        return self.honest.generate([replace(r, params=replace(r.params, max_tokens=min(self.keep,
+                                                                                          r.params.max_tokens)))
+                                     for r in requests])

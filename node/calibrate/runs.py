@@ -276,11 +276,15 @@ def validate_claim(lab: Lab, claim: Claim, request_ids: tuple[int, ...], params:
     for n in [x for x in LENGTHS if x <= len(claim.positions)]:
         positions = make_positions(claim.positions.chosen[:n], claim.positions.token_ids[:n],
                                    claim.positions.weights[:n], claim.positions.raw_logprobs[:n])
-        header = replace(claim.header, output_length=n)
+        # a prefix of n tokens stands for a response with max_tokens = n (the positions' sampling does not
+        # depend on max_tokens), so the termination rule holds for it as for the whole response
+        header = replace(claim.header, output_length=n, max_tokens=n if n < len(claim.positions) else
+                         claim.header.max_tokens)
         art = Artifact(header, positions)
         onchain = OnchainInference(iid, user_seed, lab.files.model_id, params.temperature_bits, params.top_p_bits,
-                                   params.top_k, params.max_tokens, lab.k, lab.files.spec.vocab_size,
-                                   compute_output_hash(positions.chosen), art.root, request_ids)
+                                   params.top_k, header.max_tokens, lab.k, lab.files.spec.vocab_size,
+                                   compute_output_hash(positions.chosen), art.root,
+                                   frozenset(lab.files.spec.stop_token_ids), request_ids)
         stage1 = sequence_check(header, positions, onchain)
         rows = len(request_ids) + n - 1
         try:

@@ -14,6 +14,7 @@ from node.protocol.artifact import ArtifactHeader, Positions, compute_artifact_r
 from node.protocol.errors import Reason
 from node.protocol.sampler import WEIGHT_MAX, WEIGHT_ONE, tail_exhaustion_floor
 from node.protocol.seed import compute_sampler_uniforms, run_seed
+from node.protocol.sequence import find_length_violation
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class OnchainInference:
     vocab_size: int
     output_hash: bytes
     artifact_root: bytes
+    # The registered model's stop tokens (the termination rule); required: an empty set rejects every
+    # output shorter than max_tokens.
+    stop_token_ids: frozenset[int]
     # The validator's own tokenisation of the request bound by promptHash; None to skip.
     prompt_token_ids: tuple[int, ...] | None = None
 
@@ -124,9 +128,35 @@ def check_positions(seed: bytes, positions: Positions, vocab_size: int) -> Seque
     return SequenceCheckResult(POSITION_RULES[rule], position, position)
 
 
+def find_termination_position(positions: Positions, max_tokens: int,
+                              stop_token_ids: frozenset[int]) -> tuple[Reason, int | None]:
+    """Return the first position (and reason) where the output breaks the termination rule, or (OK, None)."""
+    n = len(positions)
+    length = find_length_violation(n, max_tokens)
+    if length is not Reason.OK:
+        return length, None  # header level: over-long, or empty
+    is_stop = np.isin(positions.chosen.astype(np.int64), np.fromiter(stop_token_ids, dtype=np.int64))
+    early = np.flatnonzero(is_stop[:-1])
+    if early.size:
+        return Reason.TOKENS_AFTER_STOP, int(early[0])
+    if n < max_tokens and not is_stop[-1]:
+        return Reason.NOT_TERMINATED, n - 1
+    return Reason.OK, None
+
+
 def sequence_check(header: ArtifactHeader, positions: Positions, onchain: OnchainInference) -> SequenceCheckResult:
-    """Run stage 1: header and commitments against the chain, then every position against v_i."""
+    """Run stage 1: header and commitments, every position against v_i, then the termination rule.
+
+    The first failing position is reported; at one position the sampler's rule comes first.
+    """
     reason = find_header_violation(header, positions, onchain)
     if reason is not Reason.OK:
         return SequenceCheckResult(reason, None, 0)
-    return check_positions(header.run_seed, positions, onchain.vocab_size)
+    result = check_positions(header.run_seed, positions, onchain.vocab_size)
+    end, at = find_termination_position(positions, header.max_tokens, onchain.stop_token_ids)
+    if end is Reason.OK or (not result.valid and result.position is not None and at is not None
+                            and result.position <= at):
+        return result
+    if at is None:
+        return SequenceCheckResult(end, None, 0)
+    return SequenceCheckResult(end, at, at)

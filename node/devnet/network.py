@@ -51,12 +51,13 @@ OPERATOR_KINDS: dict[str, str] = {  # kind -> what it really does (short: it is 
     "int8": "int8, claims fp32",
     "prefill": "int8 text, real leaves",
     "temperature-lie": "samples at T + 0.3",
+    "truncator": "stops after 4 tokens",
 }
 SAMPLING = ((0.7, 1.0), (1.0, 0.9), (1.0, 1.0), (0.7, 0.9))  # (temperature, top_p) per round, in turn
 OPERATOR_STAKE = 10 * 10**18
 VALIDATOR_STAKE = 5 * 10**18
 MIN_FEE_WEI = 10**15  # the registered minimum fee per request (the devnet pays fee_wei, by default 10x that)
-ADMIN, REQUESTER, FIRST_OPERATOR, FIRST_VALIDATOR, TREASURY = 0, 1, 2, 6, 19
+ADMIN, REQUESTER, FIRST_OPERATOR, FIRST_VALIDATOR, TREASURY = 0, 1, 2, 7, 19
 
 
 class DevnetOptions(BaseModel):
@@ -344,7 +345,7 @@ class Devnet:
         import torch
         from transformers.utils import logging as transformers_logging
 
-        from node.calibrate.cheaters import PrefillAttackEngine, TemperatureLieEngine
+        from node.calibrate.cheaters import PrefillAttackEngine, TemperatureLieEngine, TruncatingEngine
         from node.calibrate.models import make_int8_engine
         from node.engines.models import get_model_spec, materialise_model
         from node.engines.tokenizer import ModelTokenizer
@@ -365,7 +366,8 @@ class Devnet:
         int8 = make_int8_engine(base)
         engines: dict[str, Any] = {"honest": base, "int8": int8,
                                       "prefill": PrefillAttackEngine(cheap=int8, real=base),
-                                      "temperature-lie": TemperatureLieEngine(base, delta=0.3)}
+                                      "temperature-lie": TemperatureLieEngine(base, delta=0.3),
+                                      "truncator": TruncatingEngine(base, keep=4)}
         lock = threading.Lock()
         for op in self.operators:
             w3 = Web3(Web3.HTTPProvider(self.anvil.url))

@@ -110,7 +110,7 @@ class ExecuterService:
         iid = derive_inference_id(prompt_hash, seed, params) if inference_id is None else inference_id
         rs = run_seed(seed, iid)
         gen = self.engine.generate([GenerationRequest(tuple(prompt_ids), params, rs, self.k,
-                                                      self.tokenizer.stop_ids)])[0]
+                                                      frozenset(self.files.spec.stop_token_ids))])[0]
         header = ArtifactHeader(self.files.model_id, params.temperature_bits, params.top_p_bits, params.top_k,
                                 params.max_tokens, self.k, rs, tuple(prompt_ids), len(gen.output_ids))
         artifact = Artifact(header, gen.positions(self.k))

@@ -29,6 +29,9 @@ class SyntheticRequest:
     vocab_size: int = 1024
     output_length: int = 16
     logit_scale: float = 3.0
+    # The synthetic model has no stop token: its outputs end by length, so an honest synthetic
+    # artifact is terminated only when output_length == params.max_tokens.
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 def make_logits(rng: np.random.Generator, vocab_size: int, scale: float) -> np.ndarray:
@@ -59,5 +62,5 @@ def make_onchain(request: SyntheticRequest, artifact: Artifact) -> OnchainInfere
         temperature_bits=p.temperature_bits, top_p_bits=p.top_p_bits, top_k=p.top_k, max_tokens=p.max_tokens,
         k=request.k, vocab_size=request.vocab_size,
         output_hash=compute_output_hash(artifact.positions.chosen), artifact_root=artifact.root,
-        prompt_token_ids=request.prompt_token_ids,
+        stop_token_ids=request.stop_token_ids, prompt_token_ids=request.prompt_token_ids,
     )

@@ -38,3 +38,28 @@ def find_position_violation(v: int, chosen: int, token_ids: Sequence[int], weigh
     if chosen == token_ids[0] and v >= tail_exhaustion_floor(vocab_size):
         return Reason.OK  # the tail walk ran out: only possible this close to 2^32
     return Reason.TAIL_TOKEN_IN_CANDIDATES
+
+
+def find_length_violation(output_length: int, max_tokens: int) -> Reason:
+    """Return the length part of the termination rule: over-long, or empty though a token was allowed."""
+    if output_length > max_tokens:
+        return Reason.OUTPUT_TOO_LONG
+    if output_length == 0 and max_tokens > 0:
+        return Reason.NOT_TERMINATED  # an honest "empty" answer is the one-token output [stop]
+    return Reason.OK
+
+
+def find_termination_violation(position: int, chosen_is_stop: bool, output_length: int, max_tokens: int) -> Reason:
+    """Return the termination rule a leaf at `position` breaks (DESIGN.md §5), or Reason.OK.
+
+    Only the last position may hold a stop token, and it must when the output is shorter than
+    max_tokens: the sampler chose the stop there like any other token. The contract's
+    proveTermination applies exactly this to one committed leaf.
+    """
+    if output_length > max_tokens:
+        return Reason.OUTPUT_TOO_LONG
+    if position >= output_length:
+        return Reason.OK  # not a position of this output: nothing to judge here
+    if position + 1 < output_length:
+        return Reason.TOKENS_AFTER_STOP if chosen_is_stop else Reason.OK
+    return Reason.NOT_TERMINATED if output_length < max_tokens and not chosen_is_stop else Reason.OK

@@ -120,11 +120,12 @@ def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: Mode
         onchain = OnchainInference(int(payload.inference_id), int(payload.user_seed), files.model_id,
                                    h.temperature_bits, h.top_p_bits, h.top_k, h.max_tokens, files.spec.k,
                                    files.spec.vocab_size, compute_output_hash(art.positions.chosen), art.root,
-                                   prompt_ids)
+                                   frozenset(files.spec.stop_token_ids), prompt_ids)
     else:
         onchain = OnchainInference(facts.inference_id, facts.user_seed, facts.model_id, facts.temperature_bits,
                                    facts.top_p_bits, facts.top_k, facts.max_tokens, files.spec.k,
-                                   files.spec.vocab_size, facts.output_hash, facts.artifact_root, prompt_ids)
+                                   files.spec.vocab_size, facts.output_hash, facts.artifact_root,
+                                   frozenset(files.spec.stop_token_ids), prompt_ids)
     stage1 = sequence_check(h, art.positions, onchain)
     if not stage1.valid:
         return VerificationReport(stage1.reason, stage1, None, None)

@@ -31,8 +31,9 @@ def test_deploy_stake_and_register_a_model(anvil: Anvil, tmp_path: Path) -> None
                             str(out), "--key-env", "ADMIN_KEY"], env=env)
     assert r.exit_code == 0, r.output
     model_id = bytes.fromhex(r.output.split("as 0x")[1][:64])
-    alpha, beta, rate, vocab, k, state, _ = hub.call("models", model_id)
+    alpha, beta, rate, vocab, k, state, _, min_fee = hub.call("models", model_id)
     assert (k, vocab, state) == (5, 49_152, ModelState.PUNITIVE)
+    assert hub.stop_tokens(model_id) == frozenset({2}) and min_fee == 10**15  # the default --min-fee-eth 0.001
     assert 0 < alpha < 10**17 and 0 <= beta < 10**18 and rate == 5 * 10**16
     # a non-governor cannot register; the error is typed, not a traceback
     r = runner.invoke(app, ["models", "register", "smollm2-135m-instruct", "--deployment", str(out),

@@ -10,11 +10,12 @@ from web3.providers.eth_tester import EthereumTesterProvider
 
 from chain.contracts import Hub, HubConfig
 from chain.deploy import deploy
-from node.executer.synthetic import make_synthetic_artifact
-from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_leaf
+from node.executer.synthetic import SyntheticRequest, make_synthetic_artifact
+from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.reputation import P_MAX_WAD, P_MIN_WAD, PRIOR_WAD, WAD, compute_posterior_wad
+from node.protocol.sampler import SamplingParams
 from node.protocol.seed import position_uniform, run_seed, sampler_uniform
-from node.protocol.sequence import find_position_violation
+from node.protocol.sequence import find_length_violation, find_position_violation, find_termination_violation
 from tests.chain.conftest import funded_tester_accounts
 from tests.node.protocol.strategies import requests
 
@@ -84,3 +85,19 @@ def test_python_leaves_and_proofs_give_the_python_positions_root(hub: Hub, reque
     i = data.draw(st.integers(0, len(artifact.positions) - 1))
     root = hub.call_views("computePositionsRoot", encode_leaf(artifact.positions, i), compute_leaf_proof(artifact, i))
     assert bytes(root) == compute_positions_root(artifact.positions)
+
+
+@SETTINGS
+@given(position=st.integers(0, 2**32 - 1), is_stop=st.booleans(), n=st.integers(0, 2**32 - 1),
+       m=st.integers(0, 2**32 - 1))
+def test_the_termination_rule_matches(hub: Hub, position: int, is_stop: bool, n: int, m: int) -> None:
+    small = (position % 10, is_stop, n % 10, m % 10)  # the interesting region, besides the extremes
+    for args in ((position, is_stop, n, m), small):
+        assert hub.call_views("findTerminationViolation", *args) == int(find_termination_violation(*args))
+        assert hub.call_views("findLengthViolation", args[2], args[3]) == int(find_length_violation(args[2], args[3]))
+
+
+def test_the_header_output_length_matches(hub: Hub) -> None:
+    art = make_synthetic_artifact(SyntheticRequest(inference_id=5, user_seed=6, params=SamplingParams(1.0, 1.0, 0, 9),
+                                                   output_length=9, prompt_token_ids=(1, 2, 3, 4)), 0)
+    assert hub.call_views("decodeHeaderOutputLength", encode_header(art.header)) == 9

@@ -13,6 +13,8 @@ import plyvel
 import psutil
 import pytest
 
+from node.devnet.network import OPERATOR_KINDS
+
 
 def _children(pid: int) -> list[psutil.Process]:
     try:
@@ -57,6 +59,6 @@ def test_an_interrupted_devnet_leaves_no_process_and_no_locked_store(tmp_path: P
             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not left, left
     stores = sorted(out.glob("nodes/*/data"))
-    assert len(stores) == 6  # four operators' journals, two validators' stores
+    assert len(stores) == len(OPERATOR_KINDS) + 2  # each operator's journal, two validators' stores
     for path in stores:  # every LevelDB was closed: its lock can be taken again
         plyvel.DB(str(path)).close()

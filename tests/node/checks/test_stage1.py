@@ -32,8 +32,8 @@ def recommitted(req: SyntheticRequest, forged: Artifact):
     return make_onchain(req, forged)
 
 
-REQ = SyntheticRequest(inference_id=77, user_seed=5, params=SamplingParams(1.0, 1.0, 0, 64), output_length=40,
-                       vocab_size=200, logit_scale=2.0)
+REQ = SyntheticRequest(inference_id=77, user_seed=5, params=SamplingParams(1.0, 1.0, 0, 40), output_length=40,
+                       vocab_size=200, logit_scale=2.0)  # runs to max_tokens: terminated without a stop token
 
 
 @given(requests, st.integers(0, 10_000))
@@ -194,3 +194,69 @@ def test_tail_exhaustion_boundary_vectorised():
     matrix = compute_position_violations(v, positions, 10)
     assert not matrix[:, 0].any()
     assert POSITION_RULES[int(np.argmax(matrix[:, 1]))] is Reason.TAIL_TOKEN_IN_CANDIDATES
+
+
+# ---- the termination rule (DESIGN.md §5, issue 15 finding 6) ----------------------------------------------
+
+
+def _with_stop(req: SyntheticRequest, stops: set[int], max_tokens: int | None = None) -> SyntheticRequest:
+    params = req.params if max_tokens is None else dataclasses.replace(req.params, max_tokens=max_tokens)
+    return dataclasses.replace(req, params=params, stop_token_ids=frozenset(stops))
+
+
+def _last_unique(art: Artifact) -> int:
+    """Return a token that the honest output chooses only at its last position."""
+    chosen = [int(t) for t in art.positions.chosen]
+    assert chosen[-1] not in chosen[:-1], "REQ's last token is unique in its output"
+    return chosen[-1]
+
+
+def test_a_truncated_output_is_not_terminated_at_its_last_position():
+    req = _with_stop(REQ, {REQ.vocab_size - 1}, max_tokens=64)  # a stop token it never chose
+    art, onchain = honest(req)
+    result = sequence_check(art.header, art.positions, onchain)
+    assert (result.reason, result.position) == (Reason.NOT_TERMINATED, REQ.output_length - 1)
+
+
+def test_an_honest_stop_at_the_last_position_passes():
+    art, _ = honest(REQ)
+    req = _with_stop(REQ, {_last_unique(art)}, max_tokens=64)
+    art, onchain = honest(req)
+    assert sequence_check(art.header, art.positions, onchain).valid
+
+
+def test_a_stop_token_before_the_end_is_tokens_after_stop():
+    art, _ = honest(REQ)
+    first = int(art.positions.chosen[3])
+    at = [int(t) for t in art.positions.chosen].index(first)
+    req = _with_stop(REQ, {first})
+    art, onchain = honest(req)
+    result = sequence_check(art.header, art.positions, onchain)
+    assert (result.reason, result.position) == (Reason.TOKENS_AFTER_STOP, at)
+
+
+def test_an_empty_output_is_not_terminated():
+    req = _with_stop(dataclasses.replace(REQ, output_length=0), {1}, max_tokens=64)
+    art, onchain = honest(req)
+    result = sequence_check(art.header, art.positions, onchain)
+    assert (result.reason, result.position) == (Reason.NOT_TERMINATED, None)
+    empty_allowed = _with_stop(dataclasses.replace(REQ, output_length=0), {1}, max_tokens=0)
+    art, onchain = honest(empty_allowed)
+    assert sequence_check(art.header, art.positions, onchain).valid  # max_tokens 0 allows nothing else
+
+
+def test_an_over_long_output_is_rejected():
+    req = _with_stop(REQ, {1}, max_tokens=30)  # 40 tokens committed under max_tokens 30
+    art, onchain = honest(req)
+    assert sequence_check(art.header, art.positions, onchain).reason is Reason.OUTPUT_TOO_LONG
+
+
+def test_a_sampler_failure_at_the_same_position_is_reported_first():
+    req = _with_stop(REQ, {REQ.vocab_size - 1}, max_tokens=64)
+    art, _ = honest(req)
+    chosen = np.array(art.positions.chosen)
+    last = REQ.output_length - 1
+    chosen[last] = next(t for t in art.positions.token_ids[last] if t != chosen[last])
+    forged = with_columns(art, chosen=chosen)
+    result = sequence_check(forged.header, forged.positions, recommitted(req, forged))
+    assert result.position == last and result.reason in (Reason.CHOSEN_MISMATCH, Reason.TAIL_TOKEN_IN_CANDIDATES)

@@ -5,6 +5,7 @@ import pytest
 
 from node.engines.models import (
     MARKER,
+    ModelSpec,
     UnknownModel,
     compute_model_id,
     default_cache_dir,
@@ -81,3 +82,16 @@ def test_an_executer_cannot_run_another_precision_than_it_claims():
     assert resolve_dtype(specs["smollm2-135m-instruct"], "float32") == "float32"
     with pytest.raises(FatalError, match="serve smollm2-135m-instruct-bf16 instead"):
         load_executer(ExecuterSettings("smollm2-135m-instruct", dtype="bfloat16"))
+
+
+def test_the_registered_stop_tokens_are_the_ones_the_tokenizer_ends_on(tiny, smol):
+    # the registry (and so the chain) declares exactly the tokens generation stops on
+    for model in (tiny, smol):
+        assert frozenset(model.files.spec.stop_token_ids) == model.tokenizer.stop_ids
+
+
+def test_a_spec_without_stop_tokens_is_refused():
+    spec = get_model_spec("tiny-llama").model_dump()
+    spec["stop_token_ids"] = []
+    with pytest.raises(ValueError):
+        ModelSpec(**spec)

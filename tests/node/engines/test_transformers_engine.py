@@ -22,7 +22,7 @@ def stage1(model, req, gen, seed=(1, 2)):
     art = Artifact(header, gen.positions(req.k))
     onchain = OnchainInference(seed[1], seed[0], model.files.model_id, p.temperature_bits, p.top_p_bits, p.top_k,
                                p.max_tokens, req.k, model.engine.vocab_size, compute_output_hash(gen.output_ids),
-                               art.root)
+                               art.root, req.stop_ids)
     return sequence_check(header, art.positions, onchain)
 
 

@@ -41,7 +41,7 @@ def test_chat_response_carries_proofs_and_a_verifiable_artifact(tiny_server, tin
     p = SamplingParams(0.8, 0.9, 50, 12)
     onchain = OnchainInference(12345, 3, tiny.files.model_id, p.temperature_bits, p.top_p_bits, 50, 12, 5,
                                tiny.engine.vocab_size, bytes.fromhex(info["output_hash"][2:]), art.root,
-                               tiny.tokenizer.encode_chat(MESSAGES))
+                               frozenset(tiny.files.spec.stop_token_ids), tiny.tokenizer.encode_chat(MESSAGES))
     assert sequence_check(art.header, art.positions, onchain).valid
     payload = httpx.get(info["payload_url"]).json()
     assert base64.b64decode(payload["artifact"]) == wire

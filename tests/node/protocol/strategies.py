@@ -1,5 +1,7 @@
 """Hypothesis strategies shared by protocol and check tests."""
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from node.executer.synthetic import SyntheticRequest
@@ -23,7 +25,8 @@ requests = st.builds(
     vocab_size=st.sampled_from([8, 50, 300]),
     output_length=st.integers(0, 24),
     logit_scale=st.sampled_from([0.5, 3.0, 8.0]),
-)
+).map(lambda r: replace(r, params=replace(r.params, max_tokens=r.output_length)))
+# The synthetic model has no stop token, so its honest outputs run to max_tokens (the termination rule).
 
 # Any JSON document (what a peer can put anywhere in a message), kept small so examples stay fast.
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**300), 2**300),

@@ -2,7 +2,7 @@ import pytest
 
 from node.errors import Reason
 from node.protocol.sampler import WEIGHT_ONE, tail_exhaustion_floor
-from node.protocol.sequence import find_position_violation
+from node.protocol.sequence import find_length_violation, find_position_violation, find_termination_violation
 
 IDS = [5, 9, 2, 7, 1]
 W = [2**31, 2**30, 2**29, 0, 0]  # W_K = 2^32 - 2^29
@@ -39,3 +39,25 @@ def test_chosen_token_rules(v, chosen, expected):
 def test_leaf_structure_rules(ids, weights, expected):
     assert sum(weights) <= WEIGHT_ONE or expected is not Reason.OK
     assert find_position_violation(0, ids[0], ids, weights, VOCAB) is expected
+
+
+@pytest.mark.parametrize("position,is_stop,n,m,want", [
+    (3, True, 4, 8, Reason.OK),                   # an honest stop at the end
+    (3, False, 4, 8, Reason.NOT_TERMINATED),      # truncated: shorter than max_tokens, no stop
+    (3, False, 4, 4, Reason.OK),                  # max_tokens reached: may end on anything
+    (3, True, 4, 4, Reason.OK),
+    (1, True, 4, 8, Reason.TOKENS_AFTER_STOP),    # generation went on after a stop
+    (1, True, 4, 4, Reason.TOKENS_AFTER_STOP),
+    (1, False, 4, 8, Reason.OK),
+    (7, False, 4, 8, Reason.OK),                  # not a position of this output
+    (0, True, 9, 8, Reason.OUTPUT_TOO_LONG),
+])
+def test_the_termination_rule_per_leaf(position, is_stop, n, m, want):
+    assert find_termination_violation(position, is_stop, n, m) is want
+
+
+def test_the_length_rule():
+    assert find_length_violation(0, 8) is Reason.NOT_TERMINATED  # empty: the honest empty answer is [stop]
+    assert find_length_violation(0, 0) is Reason.OK
+    assert find_length_violation(9, 8) is Reason.OUTPUT_TOO_LONG
+    assert find_length_violation(8, 8) is Reason.OK
