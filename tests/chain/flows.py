@@ -18,7 +18,7 @@ FEE = 10**17
 
 def honest_artifact(inference_id: int, length: int = 8) -> tuple[SyntheticRequest, Artifact]:
     """Return the request and the artifact an honest executer records for it."""
-    request = SyntheticRequest(inference_id=inference_id, user_seed=USER_SEED, params=SamplingParams(0.7, 1.0, 0, 64),
+    request = SyntheticRequest(inference_id=inference_id, user_seed=USER_SEED, params=SamplingParams(0.7, 1.0, 0, length),
                                model_id=MODEL_ID, k=K, vocab_size=VOCAB, output_length=length)
     return request, make_synthetic_artifact(request, logits_seed=inference_id)
 

@@ -23,6 +23,7 @@ from node.validator.verify import verify_payload
 
 MESSAGES = [{"role": "user", "content": "Explain why the sky is blue in two sentences."}]
 N = 32
+STOPS = frozenset({2})  # SmolLM2's registered stop token: generation ends on it, as an executer's does
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def make_payload(smol, declared, output_ids, positions, hidden, seed=(11, 22)):
 
 def generated(smol, engine, declared, actual=None):
     ids = smol.tokenizer.encode_chat(MESSAGES)
-    gen = engine.generate([GenerationRequest(ids, actual or declared, run_seed(11, 22), 5)])[0]
+    gen = engine.generate([GenerationRequest(ids, actual or declared, run_seed(11, 22), 5, STOPS)])[0]
     return make_payload(smol, declared, gen.output_ids, gen.positions(5), gen.hidden)
 
 
@@ -80,7 +81,7 @@ def test_bf16_claimed_as_fp32_fails(smol, profile):
 def test_prefill_attack_keeping_cheap_tokens_fails(smol, profile):
     params = SamplingParams(1.0, 1.0, 0, N)
     ids = smol.tokenizer.encode_chat(MESSAGES)
-    cheap = make_int8_engine(smol.engine).generate([GenerationRequest(ids, params, run_seed(11, 22), 5)])[0]
+    cheap = make_int8_engine(smol.engine).generate([GenerationRequest(ids, params, run_seed(11, 22), 5, STOPS)])[0]
     pre = smol.engine.prefill(ids, cheap.output_ids)
     v = compute_sampler_uniforms(run_seed(11, 22), N)
     leaves = [forge_leaf(sample_position(pre.logits[i], params, 5, int(v[i])), t, int(v[i]), 5)
