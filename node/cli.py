@@ -229,22 +229,25 @@ def executer_serve(
     dtype: str = typer.Option("", help="Execution dtype (default: the model's registered one; another is refused)."),
     threads: int = typer.Option(0, help="CPU threads for torch (0: torch's default)."),
     cache_dir: Path = typer.Option(None, help="Model cache folder (default $VERINFER_CACHE or ~/.cache/verinfer)."),
+    api_config: Path = typer.Option(None, help="API access TOML: keys, max_queue, max_concurrent_per_client, "
+                                    "queue_timeout (see config/executer-api.example.toml; $VERINFER_API_* win)."),
 ) -> None:
     """Serve the OpenAI-compatible API; every response carries fingerprints and the artifact root."""
     from aiohttp import web
 
     from node.executer.bootstrap import ExecuterSettings, load_executer
-    from node.executer.server import create_app
+    from node.executer.server import create_app, load_api_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if backend not in ("transformers", "vllm"):
         raise typer.BadParameter("backend must be transformers or vllm")
     settings = ExecuterSettings(model, backend, device, dtype or None, threads or None, True,  # type: ignore[arg-type]
                                 cache_dir)
+    api_settings = load_api_settings(api_config)
     service, profile_path, profile = load_executer(settings)
     console.print(f"serving {model} ({backend}, {service.engine.info.dtype}, {device}) on http://{host}:{port}/v1 "
                   f"model id 0x{service.files.model_id.hex()}")
-    web.run_app(create_app(service, str(profile_path), profile.meta.calibrated), host=host, port=port,
+    web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings), host=host, port=port,
                 print=None)
 
 
@@ -259,11 +262,14 @@ def executer_run_command(
     port: int = typer.Option(8000, help="Port to listen on."),
     data_dir: Path = typer.Option(Path("data/executer"), help="LevelDB folder (transaction journal)."),
     p2p_listen: str = typer.Option("/ip4/0.0.0.0/tcp/4001", help="libp2p listen address for payloads ('' = off)."),
+    api_config: Path = typer.Option(None, help="API access TOML: keys, max_queue, max_concurrent_per_client, "
+                                    "queue_timeout (see config/executer-api.example.toml; $VERINFER_API_* win)."),
 ) -> None:
     """Serve on a chain: only inferences requested from this operator, each committed before answering."""
     from node.cli_node import executer_run
 
-    executer_run(model, rpc, contract, keystore, password_file, host, port, data_dir, p2p_listen or None)
+    executer_run(model, rpc, contract, keystore, password_file, host, port, data_dir, p2p_listen or None,
+                 api_config)
 
 
 if __name__ == "__main__":

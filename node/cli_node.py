@@ -97,7 +97,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
 
 
 def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,
-                 port: int, data_dir: Path, p2p_listen: str | None = None) -> None:
+                 port: int, data_dir: Path, p2p_listen: str | None = None, api_config: Path | None = None) -> None:
     """Serve the API on a chain: requests are checked against it, results committed to it."""
     from aiohttp import web
     from web3 import Web3
@@ -106,11 +106,12 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
     from chain.txmanager import TxManager
     from node.executer.bootstrap import ExecuterSettings, load_executer
     from node.executer.chain_mode import ChainGate
-    from node.executer.server import create_app
+    from node.executer.server import create_app, load_api_settings
     from node.keys import read_password, unlock_keystore
     from node.store.leveldb import Store
 
     configure_logging()
+    api_settings = load_api_settings(api_config)  # before unlocking keys and loading the model: fail fast
     account = unlock_keystore(keystore, read_password(password_file))
     w3 = Web3(Web3.HTTPProvider(rpc))
     hub = Hub(w3, contract)
@@ -127,8 +128,8 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
         p2p = P2PHost(data_dir / "peer.key", service.payload_json, p2p_listen).start()
         console.print(f"libp2p payloads at {', '.join(p2p.addrs)} (peer {p2p.peer_id})")
     try:
-        web.run_app(create_app(service, str(profile_path), profile.meta.calibrated), host=host, port=port,
-                    print=None)
+        web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings), host=host,
+                    port=port, print=None)
     finally:
         if p2p is not None:
             p2p.stop()

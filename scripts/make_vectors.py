@@ -28,7 +28,12 @@ from node.protocol.merkle import compute_merkle_proof, compute_merkle_root
 from node.protocol.reputation import PRIOR_WAD, compute_posterior_wad
 from node.protocol.sampler import SamplingParams, float32_bits, sample_position
 from node.protocol.seed import position_uniform, run_seed, sampler_uniform
-from node.protocol.sequence import find_length_violation, find_position_violation, find_termination_violation
+from node.protocol.sequence import (
+    find_leaf_termination_violation,
+    find_length_violation,
+    find_position_violation,
+    find_termination_violation,
+)
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "protocol_v1.json"
 
@@ -149,6 +154,53 @@ def length_vectors() -> list[dict[str, Any]]:
             for n, m in ((0, 8), (0, 0), (9, 8), (8, 8), (1, 8))]
 
 
+# (name, output_length N, max_tokens M, stop tokens, leaf position or None for the header-level proof).
+# Stop tokens are named by role: "last"/"at1" = the token the artifact chose there, "never" = one it never chose.
+TERMINATION_CASES: tuple[tuple[str, int, int, tuple[str, ...], int | None], ...] = (
+    ("honest stop at the end", 4, 8, ("last",), 3),
+    ("honest stop, the second of two stop tokens", 4, 8, ("never", "last"), 3),
+    ("truncated: shorter than max_tokens, last is no stop", 4, 8, ("never",), 3),
+    ("max_tokens reached: may end on anything", 4, 4, ("never",), 3),
+    ("max_tokens reached on a stop token", 4, 4, ("last",), 3),
+    ("generation went on after a stop", 4, 8, ("at1",), 1),
+    ("generation went on after a stop, max_tokens reached", 4, 4, ("at1",), 1),
+    ("an inner leaf without a stop proves nothing", 4, 8, ("never",), 1),
+    ("the one-token answer [stop] (the valid empty answer)", 1, 8, ("last",), 0),
+    ("one token, no stop, shorter than max_tokens", 1, 8, ("never",), 0),
+    ("over-long, shown by a leaf", 5, 4, ("last",), 0),
+    ("empty output", 0, 8, ("never",), None),
+    ("empty output where max_tokens is 0", 0, 0, ("never",), None),
+    ("over-long, header level", 5, 4, ("never",), None),
+    ("honest stop, header level proves nothing", 4, 8, ("last",), None),
+)
+
+
+def termination_leaf_vectors() -> list[dict[str, Any]]:
+    """Return proveTermination inputs over real committed artifacts: header, leaf, proof, stop tokens, reason."""
+    out = []
+    for name, n, m, roles, position in TERMINATION_CASES:
+        req = SyntheticRequest(inference_id=31, user_seed=13, params=SamplingParams(1.0, 1.0, 0, m), output_length=n)
+        art = make_synthetic_artifact(req, logits_seed=3)
+        chosen = [int(t) for t in art.positions.chosen]
+        by_role = {"never": next(t for t in range(req.vocab_size) if t not in chosen)}
+        if n:
+            by_role["last"] = chosen[-1]
+        if n > 1:
+            by_role["at1"] = chosen[1]
+        stops = sorted({by_role[r] for r in roles})
+        leaf = b"" if position is None else encode_leaves(art.positions)[position * leaf_size(req.k):
+                                                                          (position + 1) * leaf_size(req.k)]
+        proof = [] if position is None else compute_leaf_proof(art, position)
+        judged, reason = find_leaf_termination_violation(leaf, req.k, n, m, stops)
+        out.append({
+            "name": name, "k": req.k, "output_length": n, "max_tokens": m, "stop_token_ids": stops,
+            "header": _hex(encode_header(art.header)), "positions_root": _hex(compute_positions_root(art.positions)),
+            "artifact_root": _hex(art.root), "leaf": _hex(leaf), "proof": [_hex(x) for x in proof],
+            "position": judged, "reason": int(reason),
+        })
+    return out
+
+
 def build_vectors() -> dict[str, Any]:
     """Return every golden vector of protocol v1."""
     return {
@@ -161,6 +213,7 @@ def build_vectors() -> dict[str, Any]:
         "position_rule": position_rule_vectors(),
         "termination": termination_vectors(),
         "termination_length": length_vectors(),
+        "termination_leaf": termination_leaf_vectors(),
     }
 
 

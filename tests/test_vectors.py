@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from node.protocol.artifact import decode_artifact_wire, encode_artifact
+from node.protocol.errors import Reason
 from node.protocol.hashing import keccak256
 from node.protocol.merkle import verify_merkle_proof
+from node.protocol.sequence import find_leaf_termination_violation
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = json.loads((ROOT / "tests" / "vectors" / "protocol_v1.json").read_text())
@@ -44,3 +46,30 @@ def test_committed_proofs_verify_against_positions_root(case):
     for leaf, proof in zip(case["leaves"], case["proofs"], strict=True):
         leaf_hash = keccak256(keccak256(bytes.fromhex(leaf[2:])))
         assert verify_merkle_proof(leaf_hash, [bytes.fromhex(p[2:]) for p in proof], root)
+
+
+@pytest.mark.parametrize("case", VECTORS["termination_leaf"], ids=lambda c: c["name"])
+def test_termination_cases_are_valid_prove_termination_inputs(case):
+    # what proveTermination checks before judging: the leaf (if any) is committed under artifact_root
+    header = bytes.fromhex(case["header"][2:])
+    positions_root = bytes.fromhex(case["positions_root"][2:])
+    assert keccak256(keccak256(header) + positions_root).hex() == case["artifact_root"][2:]
+    assert int.from_bytes(header[-4:], "big") == case["output_length"]
+    assert int.from_bytes(header[44:48], "big") == case["max_tokens"]
+    leaf = bytes.fromhex(case["leaf"][2:])
+    if leaf:
+        assert verify_merkle_proof(keccak256(keccak256(leaf)), [bytes.fromhex(p[2:]) for p in case["proof"]],
+                                   positions_root)
+        assert int.from_bytes(leaf[:4], "big") == case["position"]
+    else:
+        assert case["position"] is None and case["proof"] == []
+    judged = find_leaf_termination_violation(leaf, case["k"], case["output_length"], case["max_tokens"],
+                                             frozenset(case["stop_token_ids"]))
+    assert judged == (case["position"], Reason(case["reason"]))
+
+
+def test_termination_cases_cover_every_outcome():
+    reasons = {(c["position"] is None, c["reason"]) for c in VECTORS["termination_leaf"]}
+    assert reasons >= {(False, Reason.OK), (False, Reason.NOT_TERMINATED), (False, Reason.TOKENS_AFTER_STOP),
+                       (False, Reason.OUTPUT_TOO_LONG), (True, Reason.NOT_TERMINATED), (True, Reason.OUTPUT_TOO_LONG),
+                       (True, Reason.OK)}

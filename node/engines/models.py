@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.errors import FatalError, InvalidInput, Reason
 from node.protocol.hashing import keccak256
@@ -59,6 +59,16 @@ class ModelSpec(BaseModel):
     stop_token_ids: tuple[int, ...] = Field(min_length=1, max_length=8)
     chat: bool = True
     profile: str
+
+    @model_validator(mode="after")
+    def _require_stop_tokens_in_vocab(self) -> ModelSpec:
+        # the registry contract refuses the same (BadModelParams): a stop id outside the vocabulary can never
+        # be sampled, so every output shorter than max_tokens would be rejected
+        if len(set(self.stop_token_ids)) != len(self.stop_token_ids):
+            raise ValueError(f"stop_token_ids of {self.name} repeat an id")
+        if any(not 0 <= t < self.vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids of {self.name} must lie in [0, {self.vocab_size})")
+        return self
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,35 @@ GET /v1/artifacts/{root} (zstd wire bytes), GET /v1/payloads/{inference_id} (JSO
 Every generated choice carries ``verification_proofs`` and the response a ``verinfer`` object.
 A chat request with ``max_tokens=0`` and ``verification_proof_to_validate`` is answered in
 verification-instance mode: one prefill, fingerprint measurements and the profile's decision.
+
+Access (``ApiSettings``): the generating and verifying routes (``/v1/chat/completions``,
+``/v1/completions``) may require ``Authorization: Bearer <key>`` and pass an admission door in front
+of the one engine: a bounded queue (full: 503) and a per-client limit (over it: 429), both with
+``Retry-After``, decided before the body is read, so a refused request costs no work. The read-only
+routes stay open on purpose: validators fetch ``/v1/payloads/{id}`` and ``/v1/artifacts/{root}``
+without any key, and what they fetch is checked against the commitments on chain anyway;
+``/v1/models`` and ``/health`` reveal nothing that is not public.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import time
-from typing import Any
+import tomllib
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from node.errors import InvalidInput, VerinferError
 from node.executer.api import (
@@ -37,19 +54,220 @@ DEFAULT_MAX_TOKENS = 256
 SERVICE_KEY = web.AppKey("service", ExecuterService)
 PROFILE_KEY = web.AppKey("profile", dict)
 LOCK_KEY = web.AppKey("engine_lock", asyncio.Lock)
+DISCONNECT_POLL_S = 0.1  # how often a queued request looks whether its client is still there
+SHA256_PREFIX = "sha256:"
 
 
 class ApiError(Exception):
     """An error answered to the client as an OpenAI-style JSON body."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.body = status, ErrorBody(message=message, type=kind, param=param, code=code)
+        self.headers = headers or {}
 
 
 def _error_response(err: ApiError) -> web.Response:
-    return web.json_response({"error": err.body.model_dump()}, status=err.status)
+    return web.json_response({"error": err.body.model_dump()}, status=err.status, headers=err.headers)
+
+
+class ApiSettings(BaseSettings):
+    """Who may call the generating routes and how many requests may wait for the engine (TOML + env)."""
+
+    model_config = SettingsConfigDict(env_prefix="VERINFER_API_", extra="forbid", frozen=True)
+
+    keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="accepted bearer keys, each the key itself or 'sha256:<hex of its "
+        "sha256>'; VERINFER_API_KEYS takes them comma-separated; empty: no key needed")
+    max_queue: int = Field(16, ge=1, description="admitted requests waiting for the engine, all clients together; "
+                           "one more is answered 503")
+    max_concurrent_per_client: int = Field(4, ge=1, description="requests one client (its key, or its IP address "
+                                           "when no keys are set) may have running or waiting; one more is 429")
+    queue_timeout: float = Field(120.0, gt=0, description="seconds a request may wait for the engine before a 503")
+    retry_after: int = Field(1, ge=0, description="seconds sent as Retry-After with a 429 or 503")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Environment variables win over the TOML file's values (passed as init arguments)."""
+        return env_settings, init_settings
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("keys")
+    @classmethod
+    def _check_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        for key in keys:
+            text = key.get_secret_value()
+            if not text.strip() or text != text.strip():
+                raise ValueError("an API key must be non-empty, without surrounding spaces")
+            if text.startswith(SHA256_PREFIX):
+                digest = text.removeprefix(SHA256_PREFIX)
+                if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+                    raise ValueError("a hashed API key is 'sha256:' and 64 hex digits")
+        return keys
+
+    def compute_key_digests(self) -> tuple[bytes, ...]:
+        """Return the sha256 of every accepted key (the stored hash as it is for 'sha256:' entries)."""
+        digests = []
+        for key in self.keys:
+            text = key.get_secret_value()
+            if text.startswith(SHA256_PREFIX):
+                digests.append(bytes.fromhex(text.removeprefix(SHA256_PREFIX)))
+            else:
+                digests.append(hashlib.sha256(text.encode("utf-8")).digest())
+        return tuple(digests)
+
+
+def load_api_settings(path: Path | None, **overrides: Any) -> ApiSettings:
+    """Return the API settings from a TOML file (optional) with VERINFER_API_* variables and overrides on top."""
+    values: dict[str, Any] = tomllib.loads(path.read_text()) if path else {}
+    values.update(overrides)
+    return ApiSettings(**values)
+
+
+def get_default_api_settings() -> ApiSettings:
+    """Return the defaults, environment not read: an open API with the default limits (devnets, tests)."""
+    return ApiSettings.model_construct()
+
+
+class _Ticket:
+    """One admitted request: counted in its client's slots, and in the queue until it reaches the engine."""
+
+    def __init__(self, client: str) -> None:
+        self.client, self.queued = client, True
+
+
+_TICKET: ContextVar[_Ticket] = ContextVar("verinfer_api_ticket")
+
+
+class Admission:
+    """The door in front of the one engine: bearer keys, a bounded queue and a per-client limit.
+
+    Counts only requests it admitted; the engine lock (``LOCK_KEY``) stays the one thing that
+    serialises the engine. Whatever way a request ends (answer, error, timeout, client gone,
+    cancellation) its slots are given back in one ``finally``.
+    """
+
+    def __init__(self, settings: ApiSettings, engine_lock: asyncio.Lock) -> None:
+        self.settings, self.engine_lock = settings, engine_lock
+        self._digests = settings.compute_key_digests()
+        self.waiting = 0  # admitted, not yet on the engine
+        self.clients: Counter[str] = Counter()  # admitted and not yet answered, per client
+
+    def _retry_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after)}
+
+    def authenticate(self, request: web.Request) -> str:
+        """Return the client's name for the limits: its key's hash when keys are set, else its address."""
+        if not self._digests:
+            return f"ip:{request.remote}"
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "this executer needs an API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        presented = hashlib.sha256(token.strip().encode("utf-8")).digest()
+        match = b""
+        for digest in self._digests:  # every key compared, in constant time: no timing tells which or how close
+            if hmac.compare_digest(digest, presented):
+                match = digest
+        if not match:
+            raise ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return "key:" + match.hex()[:16]
+
+    @asynccontextmanager
+    async def admit(self, client: str) -> AsyncIterator[_Ticket]:
+        """Hold a slot of the client's and one of the queue's for one request, or refuse it (429, 503)."""
+        s = self.settings
+        if self.clients[client] >= s.max_concurrent_per_client:
+            log.info("api: refused %s: %d requests running or waiting", client, self.clients[client])
+            raise ApiError(429, f"too many concurrent requests from this client (at most "
+                           f"{s.max_concurrent_per_client}); retry later", kind="rate_limit_error",
+                           code="rate_limit_exceeded", headers=self._retry_headers())
+        if self.waiting >= s.max_queue:
+            log.warning("api: queue full (%d waiting), refused %s", self.waiting, client)
+            raise ApiError(503, "the executer is busy: its queue is full; retry later", kind="server_error",
+                           code="queue_full", headers=self._retry_headers())
+        ticket = _Ticket(client)
+        self.clients[client] += 1
+        self.waiting += 1
+        try:
+            yield ticket
+        finally:
+            if ticket.queued:
+                self.waiting -= 1
+            self.clients[client] -= 1
+            if not self.clients[client]:
+                del self.clients[client]
+
+    async def _acquire_engine(self, request: web.Request, ticket: _Ticket) -> None:
+        """Wait for the engine until it is free, the queue timeout passes (503) or the client leaves."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.queue_timeout
+        acquire = asyncio.ensure_future(self.engine_lock.acquire())  # one waiter, so it keeps its place in line
+        try:
+            while not acquire.done():
+                if request.transport is None or request.transport.is_closing():
+                    log.info("api: %s left while queued", ticket.client)
+                    raise ApiError(499, "client closed the request", code="client_closed")
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ApiError(503, f"the executer is busy: no engine within {self.settings.queue_timeout:g} s; "
+                                   "retry later", kind="server_error", code="queue_timeout",
+                                   headers=self._retry_headers())
+                await asyncio.wait([acquire], timeout=min(DISCONNECT_POLL_S, remaining))
+        except BaseException:
+            if acquire.done() and not acquire.cancelled():
+                self.engine_lock.release()  # it got the engine just as this request gave up
+            else:
+                acquire.cancel()
+            raise
+        ticket.queued = False
+        self.waiting -= 1
+
+    async def run(self, request: web.Request, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run fn(*args) on the engine in a worker thread, after waiting for it in the admitted queue."""
+        ticket = _TICKET.get()
+        await self._acquire_engine(request, ticket)
+        try:
+            work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        except BaseException:
+            self.engine_lock.release()
+            raise
+        # The lock is freed when the thread ends, not when this task does: a cancelled handler cannot
+        # stop the engine, so the next request must not start on it meanwhile.
+        work.add_done_callback(lambda _: self.engine_lock.release())
+        return await asyncio.shield(work)
+
+
+ADMISSION_KEY = web.AppKey("admission", Admission)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Return the handler behind the API key check and the admission door."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        admission = request.app[ADMISSION_KEY]
+        client = admission.authenticate(request)
+        async with admission.admit(client) as ticket:
+            token = _TICKET.set(ticket)
+            try:
+                return await handler(request)
+            finally:
+                _TICKET.reset(token)
+
+    return guarded
 
 
 @web.middleware
@@ -104,8 +322,8 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
 
 
 async def _run(request: web.Request, fn: Any, *args: Any) -> Any:
-    async with request.app[LOCK_KEY]:  # one engine, one request at a time; the loop stays free
-        return await asyncio.to_thread(fn, *args)
+    # one engine, one request at a time, in a thread: the loop stays free
+    return await request.app[ADMISSION_KEY].run(request, fn, *args)
 
 
 def _verinfer_info(request: web.Request, s: ServedInference, service: ExecuterService) -> dict[str, Any]:
@@ -265,16 +483,18 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "model": request.app[SERVICE_KEY].files.spec.name})
 
 
-def create_app(service: ExecuterService, profile_path: str, calibrated: bool) -> web.Application:
-    """Return the aiohttp application serving one executer."""
+def create_app(service: ExecuterService, profile_path: str, calibrated: bool,
+               settings: ApiSettings | None = None) -> web.Application:
+    """Return the aiohttp application serving one executer (settings None: open, default limits)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=8 * 2**20)
     app[SERVICE_KEY] = service
     app[PROFILE_KEY] = {"path": profile_path, "calibrated": calibrated}
     app[LOCK_KEY] = asyncio.Lock()
+    app[ADMISSION_KEY] = Admission(settings or get_default_api_settings(), app[LOCK_KEY])
     app.add_routes([
         web.get("/v1/models", list_models),
-        web.post("/v1/chat/completions", chat_completions),
-        web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", _guarded(chat_completions)),
+        web.post("/v1/completions", _guarded(completions)),
         web.get("/v1/artifacts/{root}", get_artifact),
         web.get("/v1/payloads/{inference_id}", get_payload),
         web.get("/health", health),
@@ -282,4 +502,4 @@ def create_app(service: ExecuterService, profile_path: str, calibrated: bool) ->
     return app
 
 
-__all__ = ["ApiError", "create_app"]
+__all__ = ["Admission", "ApiError", "ApiSettings", "create_app", "load_api_settings"]

@@ -6,10 +6,12 @@ applies the same rules to a whole artifact at once, and tests hold the two to th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Collection, Sequence
 from itertools import pairwise
 
-from node.protocol.errors import Reason
+from node.protocol.artifact import leaf_size
+from node.protocol.errors import InvalidArtifact, Reason
 from node.protocol.sampler import WEIGHT_MAX, WEIGHT_ONE, tail_exhaustion_floor
 
 
@@ -63,3 +65,19 @@ def find_termination_violation(position: int, chosen_is_stop: bool, output_lengt
     if position + 1 < output_length:
         return Reason.TOKENS_AFTER_STOP if chosen_is_stop else Reason.OK
     return Reason.NOT_TERMINATED if output_length < max_tokens and not chosen_is_stop else Reason.OK
+
+
+def find_leaf_termination_violation(leaf: bytes, k: int, output_length: int, max_tokens: int,
+                                    stop_token_ids: Collection[int]) -> tuple[int | None, Reason]:
+    """Return the position judged and the termination rule broken there, as proveTermination reads its input.
+
+    An empty `leaf` is the header-level proof (position None): the empty or over-long output. Otherwise
+    the leaf names its own position and chosen token (its first 8 bytes) and is judged alone.
+    """
+    if not leaf:
+        return None, find_length_violation(output_length, max_tokens)
+    if len(leaf) != leaf_size(k):
+        raise InvalidArtifact(f"a leaf of K={k} has {leaf_size(k)} bytes, not {len(leaf)}",
+                              Reason.TRUNCATED if len(leaf) < leaf_size(k) else Reason.TRAILING_BYTES)
+    position, chosen = struct.unpack_from(">II", leaf)
+    return position, find_termination_violation(position, chosen in stop_token_ids, output_length, max_tokens)

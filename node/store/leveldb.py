@@ -6,6 +6,10 @@ Layout (every key under ``v1/<chain id>/<contract>/``):
   verdict/<inference id>     JSON of the verdict signed for it (slashing protection)
   tx/<nonce:020d>            JSON of a signed raw transaction and its state (the journal)
   record/<kind>/<id>         JSON facts the node keeps about inferences (e.g. the request, before its commit)
+  job/<state>/<id>           JSON of a check in progress, one state at a time: pending → verified (with the
+                             verdict record) → submitted; job/done/<id> (empty) once it ended, so that a
+                             re-delivered event does not start it again
+  vote/<id>/<signer>         JSON of a signed vote known for an inference (ours and gossiped), until it settles
 and ``meta/identity`` = the chain id and contract this database belongs to (another is refused).
 LevelDB's own LOCK file makes a second open fail: that is the single-instance lock. Slashing
 records and journal entries are written with ``sync=True`` before anything leaves the process.
@@ -27,6 +31,8 @@ from node.errors import FatalError, Reason
 
 log = logging.getLogger(__name__)
 IDENTITY_KEY = b"meta/identity"
+JOB_STATES = ("pending", "verified", "submitted")
+DONE = "done"
 
 
 class StoreLocked(FatalError):
@@ -215,6 +221,85 @@ class Store:
         """Return every journal entry, by nonce."""
         return [dict(json.loads(raw)) for _, raw in self.ns.iterator(prefix=b"tx/")]
 
+    # ---- durable jobs and known votes -------------------------------------------------------
+
+    @_locked
+    def add_job(self, inference_id: int, job: dict[str, Any]) -> bool:
+        """Record a new pending job (synced); return False if this inference has or had a job."""
+        if self._find_job(inference_id) is not None or self.ns.get(_job_key(DONE, inference_id)) is not None:
+            return False
+        self.ns.put(_job_key("pending", inference_id), json.dumps(job).encode(), sync=True)
+        return True
+
+    @_locked
+    def move_job(self, inference_id: int, state: str, job: dict[str, Any]) -> None:
+        """Move a job to `state` with its new content, in one synced batch."""
+        if state not in JOB_STATES:
+            raise ValueError(f"unknown job state {state!r}")
+        with self.ns.write_batch(sync=True) as batch:
+            for other in JOB_STATES:
+                batch.delete(_job_key(other, inference_id))
+            batch.put(_job_key(state, inference_id), json.dumps(job).encode())
+
+    @_locked
+    def get_job(self, inference_id: int) -> tuple[str, dict[str, Any]] | None:
+        """Return (state, job) of an inference's job in progress."""
+        return self._find_job(inference_id)
+
+    def _find_job(self, inference_id: int) -> tuple[str, dict[str, Any]] | None:
+        for state in JOB_STATES:
+            raw = self.ns.get(_job_key(state, inference_id))
+            if raw is not None:
+                return state, dict(json.loads(raw))
+        return None
+
+    @_locked
+    def jobs(self, state: str) -> list[tuple[int, dict[str, Any]]]:
+        """Return the jobs in one state, by inference id."""
+        prefix = f"job/{state}/".encode()
+        return [(int.from_bytes(key[len(prefix):], "big"), dict(json.loads(raw)))
+                for key, raw in self.ns.iterator(prefix=prefix)]
+
+    @_locked
+    def put_vote(self, inference_id: int, signer: str, vote: dict[str, Any]) -> bool:
+        """Persist (synced) a signed vote known for an inference; return False if that signer's was known."""
+        key = _vote_key(inference_id, signer)
+        if self.ns.get(key) is not None:
+            return False
+        self.ns.put(key, json.dumps(vote).encode(), sync=True)
+        return True
+
+    @_locked
+    def votes(self, inference_id: int) -> dict[str, dict[str, Any]]:
+        """Return the votes known for an inference, by signer (checksummed address)."""
+        prefix = b"vote/" + inference_id.to_bytes(32, "big") + b"/"
+        return {_checksum(key[len(prefix):]): dict(json.loads(raw)) for key, raw in self.ns.iterator(prefix=prefix)}
+
+    @_locked
+    def voted_inferences(self) -> list[int]:
+        """Return the inferences with known votes."""
+        return sorted({int.from_bytes(key[5:37], "big") for key in self.ns.iterator(prefix=b"vote/",
+                                                                                      include_value=False)})
+
+    @_locked
+    def finish_job(self, inference_id: int) -> None:
+        """End an inference's job (its vote is on chain), keeping the votes known for it; synced."""
+        with self.ns.write_batch(sync=True) as batch:
+            for state in JOB_STATES:
+                batch.delete(_job_key(state, inference_id))
+            batch.put(_job_key(DONE, inference_id), b"")
+
+    @_locked
+    def forget_inference(self, inference_id: int) -> None:
+        """End an inference's job and drop its votes (settled, out of its window, or not ours), synced."""
+        with self.ns.write_batch(sync=True) as batch:
+            for state in JOB_STATES:
+                batch.delete(_job_key(state, inference_id))
+            batch.put(_job_key(DONE, inference_id), b"")
+            for key in self.ns.iterator(prefix=b"vote/" + inference_id.to_bytes(32, "big") + b"/",
+                                        include_value=False):
+                batch.delete(key)
+
 
 @dataclass(frozen=True)
 class StoreCursor:
@@ -242,3 +327,20 @@ def _record_key(kind: str, key: int) -> bytes:
 
 def _tx_key(nonce: int) -> bytes:
     return f"tx/{nonce:020d}".encode()
+
+
+def _job_key(state: str, inference_id: int) -> bytes:
+    return f"job/{state}/".encode() + inference_id.to_bytes(32, "big")
+
+
+def _vote_key(inference_id: int, signer: str) -> bytes:
+    address = bytes.fromhex(signer.removeprefix("0x"))
+    if len(address) != 20:
+        raise ValueError(f"{signer!r} is not an address")
+    return b"vote/" + inference_id.to_bytes(32, "big") + b"/" + address
+
+
+def _checksum(raw: bytes) -> str:
+    from eth_utils.address import to_checksum_address
+
+    return str(to_checksum_address(raw))

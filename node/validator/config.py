@@ -36,6 +36,11 @@ class ValidatorConfig(BaseSettings):
     poll_interval: float = Field(1.0, gt=0)
     fetch_timeout: float = Field(10.0, gt=0)
     fetch_retries: int = Field(5, ge=1)
+    check_attempts: int = Field(3, ge=1, description="tries of a check that fails unexpectedly (a bug, not the "
+                                "chain or a peer) before the job is given up; transient failures retry until the "
+                                "check window closes")
+    retry_max_delay: float = Field(30.0, gt=0, description="longest back-off (s) between retries of a check or a "
+                                   "submission")
     verdict_ttl: int = Field(3600, gt=0, description="seconds a signed verdict stays valid")
     recent_blocks_guard: int = Field(64, ge=0, description="blocks scanned at start for verdicts of another instance")
     metrics_host: str = "127.0.0.1"

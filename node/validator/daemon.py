@@ -1,24 +1,36 @@
 """The validator daemon: one composition root, one asyncio service per duty.
 
   (libp2p) the node's host serves the payloads it cached to other committee members
-  events   confirmed contract logs (chain.events) → requests remembered, commits queued
-  verify   am I in the committee → fetch the payload (libp2p first, HTTP fallback) → hash checks
-           against the commitment → stage 1 → stage 2 (the engine in a worker thread, so the loop stays responsive)
-  submit   slashing protection record (synced) → EIP-712 signature → journaled transaction → confirm;
-           a stage-1 failure is also proven on chain from its leaf (fraud proof: slashes at once)
+  events   confirmed contract logs (chain.events) → requests and commitments remembered, a durable
+           job per commit; the event cursor is persisted only after the poll's jobs are
+  verify   still open? am I in the committee? → fetch the payload (libp2p first, HTTP fallback) →
+           hash checks against the commitment → stage 1 → stage 2 (the engine in a worker thread)
+  sign     fraud proof (a stage-1 failure is proven on chain from its leaf) → slashing protection
+           record (synced) → EIP-712 signature → our vote stored, gossiped
+  submit   the signed votes known for an inference (ours and gossiped, in the store) that are not yet
+           recorded on chain go out in one journaled transaction, retried with back-off until the
+           inference settles or its check window closes
+  gossip   gossiped votes: parsed and signature-checked in the libp2p host (no RPC), then checked
+           against the committee and our own record of the commitment here
   http     /metrics (Prometheus) and /health
-Nothing is signed before its record is stored, and nothing is sent before its bytes are journaled.
+
+A job lives in the store (job/pending → job/verified with its verdict record → job/submitted) from
+its commit event until its vote is recorded on chain or the inference settles or leaves its window,
+so a crash at any point loses no check; nothing is signed before its record is stored, nothing is
+sent before its bytes are journaled, and no verdict differs from the one recorded. Whatever goes
+wrong in one job (a peer's bytes, a bug, an RPC error) ends or postpones that job only; a FatalError
+(conflicting verdict, deep reorg, store trouble) stops the node.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -28,20 +40,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from web3 import Web3
 
 from chain.contracts import Commitment, Hub, Status, Vote, params_from_event
-from chain.eip712 import Verdict, recover_verdict_signer, sign_verdict
+from chain.eip712 import Verdict, sign_verdict
 from chain.errors import ChainError, ContractReverted
-from chain.events import ChainEvent, EventStream, Reorg
+from chain.events import ChainEvent, CursorStore, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
 from node.checks.decision import Stage2Thresholds
 from node.engines.base import Engine
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
-from node.errors import FatalError, Reason, RecoverableError
-from node.executer.api import InferencePayload
-from node.protocol.artifact import compute_leaf_proof, encode_header, encode_leaf
+from node.errors import FatalError, InvalidInput, Reason, RecoverableError
+from node.executer.api import InferencePayload, decode_inference_payload
+from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.config import ValidatorConfig
+from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
 from node.validator.verify import ChainFacts, decode_payload_artifact, find_payload_mismatch, verify_payload
 
 if TYPE_CHECKING:  # libp2p is the optional `p2p` extra: imported only when the node starts a host
@@ -49,6 +62,11 @@ if TYPE_CHECKING:  # libp2p is the optional `p2p` extra: imported only when the 
 
 log = logging.getLogger(__name__)
 MAX_PAYLOAD = 32 * 2**20
+MAX_GOSSIP_QUEUE = 4096  # votes waiting for the asyncio side; more are dropped (and counted)
+GOSSIP_RETRIES = 20  # a vote whose committee or commitment the chain cannot tell yet is looked at again
+# Failures a later retry can cure: the chain, a peer or the network. Anything else is a bug or a
+# hostile input that slipped through: retried `check_attempts` times, then the job is given up.
+TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
 
 
 @dataclass
@@ -76,6 +94,14 @@ class Metrics:
                                registry=self.registry)
         self.fetch_failures = Counter("verinfer_payload_rejected_total", "Payloads rejected or unavailable",
                                       ["reason"], registry=self.registry)
+        self.job_errors = Counter("verinfer_job_errors_total", "Errors that postponed or ended one job",
+                                  ["stage", "error"], registry=self.registry)
+        self.jobs_given_up = Counter("verinfer_jobs_given_up_total", "Jobs ended without a verdict", ["error"],
+                                     registry=self.registry)
+        self.gossip_rejected = Counter("verinfer_gossip_rejected_total", "Gossiped votes dropped", ["reason"],
+                                       registry=self.registry)
+        self.submissions = Counter("verinfer_submissions_total", "Vote submissions", ["result"],
+                                   registry=self.registry)
         self.verify_seconds = Histogram("verinfer_verify_seconds", "Stage 1 + stage 2 time per inference",
                                         registry=self.registry)
         self.healthy = Gauge("verinfer_healthy", "1 while the node may sign", registry=self.registry)
@@ -84,12 +110,36 @@ class Metrics:
 
 @dataclass(frozen=True)
 class FraudProof:
-    """One artifact leaf that breaks the stage-1 rule, with what the contract needs to check it."""
+    """One artifact leaf that breaks a stage-1 rule, with what the contract needs to check it.
+
+    A sampler-rule proof (proveFraud) carries the header hash; a termination-rule proof
+    (proveTermination) carries the whole header, and for the header-level case (empty or over-long
+    output: no leaf, position -1) the positions root.
+    """
 
     header_hash: bytes
     leaf: bytes
     proof: list[bytes]
     position: int
+    header: bytes = b""
+    positions_root: bytes = b""
+
+    @property
+    def is_termination(self) -> bool:
+        """Check whether this proves the termination rule (proveTermination) rather than the sampler's."""
+        return bool(self.header)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the proof as JSON for the store."""
+        return {"header_hash": self.header_hash.hex(), "leaf": self.leaf.hex(), "proof": [p.hex() for p in self.proof],
+                "position": self.position, "header": self.header.hex(), "positions_root": self.positions_root.hex()}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> FraudProof:
+        """Return a proof stored by to_json."""
+        return cls(bytes.fromhex(value["header_hash"]), bytes.fromhex(value["leaf"]),
+                   [bytes.fromhex(p) for p in value["proof"]], int(value["position"]),
+                   bytes.fromhex(value.get("header", "")), bytes.fromhex(value.get("positions_root", "")))
 
 
 @dataclass(frozen=True)
@@ -98,6 +148,91 @@ class Job:
 
     facts: ChainFacts
     operator: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the job as JSON for the store."""
+        facts = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(self.facts).items()}
+        return {"facts": facts, "operator": self.operator}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Job:
+        """Return a job stored by to_json."""
+        f = value["facts"]
+        facts = ChainFacts(int(f["inference_id"]), int(f["user_seed"]), bytes.fromhex(f["model_id"]),
+                           int(f["temperature_bits"]), int(f["top_p_bits"]), int(f["top_k"]), int(f["max_tokens"]),
+                           bytes.fromhex(f["prompt_hash"]), bytes.fromhex(f["output_hash"]),
+                           bytes.fromhex(f["artifact_root"]), bytes.fromhex(f["fingerprint_hash"]))
+        return cls(facts, str(value["operator"]))
+
+    def commitment(self) -> Commitment:
+        """Return the commitment of the InferenceCommitted event this job came from."""
+        return Commitment(self.facts.output_hash, self.facts.artifact_root, self.facts.fingerprint_hash)
+
+
+@dataclass
+class Ballot:
+    """The signed votes known for one inference, and when to look at submitting them next (monotonic s)."""
+
+    votes: dict[str, Vote]
+    first_seen: float
+    due: float
+    attempts: int = 0
+    running: bool = False
+    last_missing: frozenset[str] = frozenset()
+
+
+class DeferredCursor:
+    """A CursorStore that persists only when told: once the events of a poll are recorded (finding 7).
+
+    chain.events saves its cursor inside poll(), before the handler has run; through this wrapper the
+    stream works on the in-memory position and the durable one moves after the jobs are stored.
+    """
+
+    def __init__(self, durable: CursorStore) -> None:
+        self.durable = durable
+        self.blocks = durable.load()
+
+    def load(self) -> list[tuple[int, str]]:
+        """Return the position the stream works from."""
+        return list(self.blocks)
+
+    def save(self, blocks: list[tuple[int, str]]) -> None:
+        """Remember the stream's new position (not yet durable)."""
+        self.blocks = list(blocks)
+
+    def commit(self) -> None:
+        """Persist the position: every event before it is recorded."""
+        self.durable.save(self.blocks)
+
+    def rollback(self) -> None:
+        """Go back to the durable position (the events after it are handed out again)."""
+        self.blocks = self.durable.load()
+
+
+class RecordedEventStream(EventStream):
+    """An EventStream whose durable cursor moves only after its handler recorded the events."""
+
+    @property
+    def deferred(self) -> DeferredCursor:
+        """Return the stream's deferred cursor."""
+        assert isinstance(self.cursor, DeferredCursor)
+        return self.cursor
+
+    def poll(self) -> tuple[list[ChainEvent], Reorg | None]:
+        """Return the next confirmed logs; an empty poll persists its position, a failed one is undone."""
+        try:
+            events, reorg = super().poll()
+        except BaseException:  # a poll that failed half-way handed out nothing: start over from the durable cursor
+            self.rewind()
+            raise
+        if not events and reorg is None:
+            self.deferred.commit()
+        return events, reorg
+
+    def rewind(self) -> None:
+        """Forget what was handed out since the durable cursor (it is handed out again)."""
+        self.deferred.rollback()
+        self._seen.clear()
 
 
 class ValidatorNode:
@@ -113,17 +248,25 @@ class ValidatorNode:
         self.clock = clock
         self.metrics = Metrics()
         self.txm = TxManager(hub.w3, account, store, confirmations=1)
-        self.stream = EventStream(hub.w3, hub.contract, store.cursor("events"), start_block=config.start_block,
-                                  confirmations=config.confirmations, safety_window=config.safety_window)
-        self.jobs: asyncio.Queue[Job] = asyncio.Queue()
-        self.verdicts: asyncio.Queue[tuple[Job, VerdictRecord, FraudProof | None]] = asyncio.Queue()
+        self.stream = RecordedEventStream(hub.w3, hub.contract, DeferredCursor(store.cursor("events")),
+                                          start_block=config.start_block, confirmations=config.confirmations,
+                                          safety_window=config.safety_window)
+        self.jobs: asyncio.Queue[int] = asyncio.Queue()  # inference ids of pending jobs (the store holds them)
+        self.verdicts: asyncio.Queue[int] = asyncio.Queue()  # inference ids of verified jobs
         self.healthy = True
         self.p2p: P2PHost | None = None  # started by run() when config.p2p_listen is set
-        self.gossip: asyncio.Queue[bytes] = asyncio.Queue()
+        self.gossip: asyncio.Queue[tuple[bytes, int]] = asyncio.Queue()
+        # filled by the asyncio side, read (never written) by the libp2p validation threads
         self._committees: dict[int, list[str]] = {}
+        self._commitments: dict[int, Commitment] = {}
+        self._ballots: dict[int, Ballot] = {}
+        self._attempts: dict[int, int] = {}
+        self._check_window: int | None = None
+        self._submit_wake = asyncio.Event()
+        self._failure: BaseException | None = None  # a fatal error in a submission task, raised by the service
         self._submits: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.done: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) submitted, for tests and logs
+        self.done: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) signed, for tests and logs
 
     # ---- start-up checks ------------------------------------------------------------------------
 
@@ -145,12 +288,30 @@ class ValidatorNode:
                              "another instance is live", Reason.CONFLICTING_VERDICT)
         self.txm.resume()  # journaled transactions from before a restart: the same bytes again
 
+    def load_jobs(self) -> None:
+        """Queue the jobs and votes the store holds from before a restart."""
+        now = time.monotonic()
+        for iid, entry in self.store.jobs("submitted"):
+            if not self.store.votes(iid):  # stopped between the state change and the vote (cannot happen today)
+                self.store.move_job(iid, "verified", entry)
+        for iid, _ in self.store.jobs("pending"):
+            self.jobs.put_nowait(iid)
+        for iid, _ in self.store.jobs("verified"):
+            self.verdicts.put_nowait(iid)
+        for iid in self.store.voted_inferences():
+            votes = {signer: _vote_from_json(v) for signer, v in self.store.votes(iid).items()}
+            self._ballots[iid] = Ballot(votes, now - self.config.submit_grace, now)
+        log.info("jobs loaded", extra={"pending": self.jobs.qsize(), "verified": self.verdicts.qsize(),
+                                       "ballots": len(self._ballots)})
+
     # ---- services -------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every duty until `stop` is set; a fatal error stops them all."""
         self._loop = asyncio.get_running_loop()
+        self._submit_wake = asyncio.Event()
         self.preflight()
+        self.load_jobs()
         self.metrics.healthy.set(1)
         if self.config.p2p_listen:
             from node.p2p.host import P2PHost
@@ -168,8 +329,9 @@ class ValidatorNode:
         tasks = [asyncio.create_task(self.stream.run(self._on_events, self.config.poll_interval, self.config.ws_url,
                                                      stop), name="events"),
                  asyncio.create_task(self._verify_loop(stop), name="verify"),
+                 asyncio.create_task(self._sign_loop(stop), name="sign"),
                  asyncio.create_task(self._submit_loop(stop), name="submit"),
-                 asyncio.create_task(self._quorum_loop(stop), name="quorum")]
+                 asyncio.create_task(self._gossip_loop(stop), name="gossip")]
         try:
             done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -178,16 +340,33 @@ class ValidatorNode:
                     raise task.exception()  # type: ignore[misc]
         finally:
             stop.set()
-            for task in tasks:
+            for task in [*tasks, *self._submits]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._submits, return_exceptions=True)
             await runner.cleanup()
             if self.p2p is not None:
                 await asyncio.to_thread(self.p2p.stop)
 
+    # ---- events ---------------------------------------------------------------------------------
+
     async def _on_events(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
+        """Record a poll's events (requests, commitments, jobs), then move the durable cursor past them."""
+        try:
+            new, settled = self._record_events(events, reorg)
+        except BaseException:
+            self.stream.rewind()  # nothing of this poll counts as handled: it is handed out again
+            raise
+        self.stream.deferred.commit()
+        for iid in new:
+            self.jobs.put_nowait(iid)
+        for iid in settled:
+            self._forget(iid, "settled")
+        self.metrics.queue.labels("verify").set(self.jobs.qsize())
+
+    def _record_events(self, events: list[ChainEvent], reorg: Reorg | None) -> tuple[list[int], list[int]]:
         if reorg is not None:
             log.warning("chain reorganised", extra={"ancestor": reorg.ancestor, "depth": reorg.depth})
+        new, settled = [], []
         for e in events:
             self.metrics.events.labels(e.name).inc()
             args = e.args
@@ -198,10 +377,16 @@ class ValidatorNode:
                     "prompt_hash": Web3.to_hex(args["promptHash"]), "operator": str(args["operator"]),
                     "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens]})
             elif e.name == "InferenceCommitted":
-                job = self._job(int(args["inferenceId"]), args)
-                if job is not None:
-                    await self.jobs.put(job)
-        self.metrics.queue.labels("verify").set(self.jobs.qsize())
+                iid = int(args["inferenceId"])
+                commitment = Commitment(bytes(args["outputHash"]), bytes(args["artifactRoot"]),
+                                        bytes(args["fingerprintHash"]))
+                self._remember_commitment(iid, commitment)
+                job = self._job(iid, args)
+                if job is not None and self.store.add_job(iid, {"job": job.to_json()}):
+                    new.append(iid)
+            elif e.name == "InferenceSettled":
+                settled.append(int(args["inferenceId"]))
+        return new, settled
 
     def _job(self, inference_id: int, args: dict[str, Any]) -> Job | None:
         request = self.store.get_record("request", inference_id)
@@ -214,40 +399,113 @@ class ValidatorNode:
                            bytes(args["artifactRoot"]), bytes(args["fingerprintHash"]))
         return Job(facts, request["operator"])
 
+    def _remember_commitment(self, inference_id: int, commitment: Commitment) -> None:
+        """Keep our own record of an inference's commitment (the only one a submission uses)."""
+        self.store.put_record("commit", inference_id, {k: v.hex() for k, v in asdict(commitment).items()})
+        self._commitments[inference_id] = commitment
+
+    def _get_commitment(self, inference_id: int) -> Commitment | None:
+        """Return our own record of an inference's commitment."""
+        if inference_id not in self._commitments:
+            record = self.store.get_record("commit", inference_id)
+            if record is None:
+                return None
+            self._commitments[inference_id] = Commitment(*(bytes.fromhex(record[k]) for k in
+                                                           ("output_hash", "artifact_root", "fingerprint_hash")))
+        return self._commitments[inference_id]
+
+    def _forget(self, inference_id: int, why: str) -> None:
+        """End an inference's job and votes: settled, out of its window, or nothing for us to do."""
+        self.store.forget_inference(inference_id)
+        self._ballots.pop(inference_id, None)
+        self._attempts.pop(inference_id, None)
+        log.debug("inference done", extra={"inference_id": inference_id, "why": why})
+
+    # ---- verify -----------------------------------------------------------------------------------
+
     async def _verify_loop(self, stop: asyncio.Event) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.fetch_timeout)) as session:
             while not stop.is_set():
-                job = await self.jobs.get()
+                iid = await self.jobs.get()
+                self.metrics.queue.labels("verify").set(self.jobs.qsize())
+                entry = self.store.get_job(iid)
+                if entry is None or entry[0] != "pending":
+                    continue
+                job = Job.from_json(entry[1]["job"])
                 try:
                     checked = await self._check(session, job)
-                except RecoverableError as exc:
-                    log.warning("check postponed", extra={"inference_id": job.facts.inference_id, "error": str(exc)})
+                except FatalError:
+                    raise
+                except Exception as exc:  # one job's trouble ends or postpones that job only
+                    self._on_check_error(job, exc)
                     continue
                 if checked is not None:
-                    await self.verdicts.put((job, *checked))
+                    record, fraud = checked
+                    self.store.move_job(iid, "verified", {"job": job.to_json(), "record": asdict(record),
+                                                          "fraud": fraud.to_json() if fraud else None})
+                    self._attempts.pop(iid, None)
+                    self.verdicts.put_nowait(iid)
+
+    def _on_check_error(self, job: Job, exc: Exception) -> None:
+        """Log and count a failed check; retry it later, or give it up after `check_attempts` if it is no
+        transient failure (we never sign a verdict on a check that did not run to its end)."""
+        iid = job.facts.inference_id
+        kind = type(exc).__name__
+        self.metrics.job_errors.labels("check", kind).inc()
+        attempts = self._attempts[iid] = self._attempts.get(iid, 0) + 1
+        transient = isinstance(exc, TRANSIENT)
+        if not transient and attempts >= self.config.check_attempts:
+            log.error("check given up", exc_info=exc,
+                      extra={"inference_id": iid, "error": f"{kind}: {exc}", "attempts": attempts})
+            self.metrics.jobs_given_up.labels(kind).inc()
+            self._forget(iid, "given up")
+            return
+        delay = self._backoff(attempts)
+        log.warning("check failed, retrying", exc_info=None if transient else exc,
+                    extra={"inference_id": iid, "error": f"{kind}: {exc}", "in_s": delay})
+        self._later(delay, self.jobs, iid)
+
+    def _backoff(self, attempts: int) -> float:
+        return float(min(self.config.poll_interval * 2 ** min(attempts, 16), self.config.retry_max_delay))
+
+    def _later(self, delay: float, queue: asyncio.Queue[int], inference_id: int) -> None:
+        asyncio.get_running_loop().call_later(delay, queue.put_nowait, inference_id)
+
+    def _get_check_window(self) -> int:
+        if self._check_window is None:
+            self._check_window = int(self.hub.call("checkWindow"))
+        return self._check_window
+
+    def _is_open(self, inference_id: int) -> bool:
+        """Check whether an inference still waits for verdicts (committed, inside its check window)."""
+        inf = self.hub.get_inference(inference_id)
+        return inf.status is Status.COMMITTED and \
+            int(self.hub.w3.eth.block_number) <= inf.commit_block + self._get_check_window()
 
     async def _check(self, session: aiohttp.ClientSession,
                      job: Job) -> tuple[VerdictRecord, FraudProof | None] | None:
+        """Return the verdict record (and fraud proof) of a job, or None when there is nothing (yet) to sign."""
         facts = job.facts
+        iid = facts.inference_id
+        if not await asyncio.to_thread(self._is_open, iid):
+            self.metrics.skipped.labels("settled-or-closed").inc()
+            self._forget(iid, "settled or out of its window")
+            return None
         try:
-            checked, committee = await asyncio.to_thread(self.hub.selection_of, facts.inference_id)
+            checked, committee = await asyncio.to_thread(self.hub.selection_of, iid)
         except ContractReverted as exc:
             if exc.error == "SelectionNotReady":  # the seed block is not mined yet: look again shortly
-                asyncio.get_running_loop().call_later(self.config.poll_interval, self.jobs.put_nowait, job)
+                self._later(self.config.poll_interval, self.jobs, iid)
                 return None
             self.metrics.skipped.labels(exc.error).inc()
-            log.info("no selection", extra={"inference_id": facts.inference_id, "error": str(exc)})
+            self._forget(iid, exc.error)
             return None
-        except ChainError as exc:
-            self.metrics.skipped.labels("selection-unavailable").inc()
-            log.info("no selection", extra={"inference_id": facts.inference_id, "error": str(exc)})
-            return None
-        if not checked or self.account.address not in committee:
-            self.metrics.skipped.labels("not-in-committee" if checked else "not-checked").inc()
-            return None
-        slot = self.models.get(facts.model_id)
-        if slot is None:
-            self.metrics.skipped.labels("model-not-served").inc()
+        self._committees[iid] = committee if checked else []
+        why = "not-checked" if not checked else "not-in-committee" if self.account.address not in committee \
+            else "model-not-served" if facts.model_id not in self.models else None
+        if why is not None:
+            self.metrics.skipped.labels(why).inc()
+            self._forget(iid, why)
             return None
         payload, reason = await self._fetch(session, job)
         started = time.perf_counter()
@@ -255,16 +513,29 @@ class ValidatorNode:
         if payload is None:
             valid, scores = False, keccak256(b"payload-unavailable")
         else:
-            report = await asyncio.to_thread(self._verify_locked, slot, payload, facts)
+            report = await asyncio.to_thread(self._verify_locked, self.models[facts.model_id], payload, facts)
             reason = report.reason
             valid = report.valid
             scores = report.decision.scores_digest if report.decision else keccak256(reason.name.encode())
-            if report.stage1 is not None and report.stage1.position is not None and not report.stage1.valid:
-                fraud = build_fraud_proof(payload, report.stage1.position)
+            stage1 = report.stage1
+            if stage1 is not None and not stage1.valid and (stage1.position is not None
+                                                            or stage1.reason in TERMINATION_REASONS):
+                fraud = self._build_fraud_proof(iid, payload, stage1.position, stage1.reason)
         self.metrics.verify_seconds.observe(time.perf_counter() - started)
-        record = VerdictRecord(facts.inference_id, Web3.to_hex(facts.artifact_root), valid, int(reason),
-                               Web3.to_hex(scores), int(self.clock()) + self.config.verdict_ttl)
-        return record, fraud
+        return VerdictRecord(iid, Web3.to_hex(facts.artifact_root), valid, int(reason), Web3.to_hex(scores),
+                             int(self.clock()) + self.config.verdict_ttl), fraud
+
+    def _build_fraud_proof(self, inference_id: int, payload: InferencePayload, position: int | None,
+                           reason: Reason) -> FraudProof | None:
+        """Return the fraud proof of a stage-1 failure; if it cannot be built, the invalid verdict still stands."""
+        try:
+            return build_fraud_proof(payload, position, reason)
+        except FatalError:
+            raise
+        except Exception as exc:
+            self.metrics.job_errors.labels("fraud-proof", type(exc).__name__).inc()
+            log.warning("fraud proof not built", exc_info=exc, extra={"inference_id": inference_id})
+            return None
 
     def _verify_locked(self, slot: ModelSlot, payload: InferencePayload, facts: ChainFacts) -> Any:
         with slot.lock:
@@ -282,13 +553,13 @@ class ValidatorNode:
 
         def is_committed(raw: bytes) -> bool:
             try:
-                return find_payload_mismatch(InferencePayload.model_validate_json(raw), facts) is Reason.OK
-            except ValueError:
+                return find_payload_mismatch(decode_inference_payload(raw), facts) is Reason.OK
+            except Exception:  # whatever is wrong with a cached entry, it is refetched
                 return False
 
         cached = self.store.get_payload(commitment, is_committed)
         if cached is not None:
-            return InferencePayload.model_validate_json(cached), Reason.OK
+            return decode_inference_payload(cached), Reason.OK
         sources = self._sources(session, job)
         if not sources:
             self.metrics.fetch_failures.labels("no-endpoint").inc()
@@ -297,10 +568,17 @@ class ValidatorNode:
             for name, fetch, on_bad in sources:
                 try:
                     raw = await fetch()
-                    payload = InferencePayload.model_validate_json(raw)
+                    payload = decode_inference_payload(raw)
                     reason = find_payload_mismatch(payload, facts)
-                except (RecoverableError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    self.metrics.fetch_failures.labels(f"{name}:{type(exc).__name__}").inc()
+                except FatalError:
+                    raise
+                except Exception as exc:  # unreachable, garbage, hostile: this source, this attempt only
+                    why = exc.reason.name if isinstance(exc, InvalidInput) else type(exc).__name__
+                    self.metrics.fetch_failures.labels(f"{name}:{why}").inc()
+                    log.info("payload fetch failed", extra={"inference_id": facts.inference_id, "source": name,
+                                                            "error": f"{type(exc).__name__}: {exc}"})
+                    if isinstance(exc, InvalidInput):
+                        on_bad()
                     continue
                 if reason is Reason.OK:
                     self.metrics.fetched.labels(name).inc()
@@ -352,130 +630,267 @@ class ValidatorNode:
             return None
         return self.store.get_payload(bytes.fromhex(record["commitment"]), lambda raw: True)
 
-    async def _submit_loop(self, stop: asyncio.Event) -> None:
+    # ---- sign -------------------------------------------------------------------------------------
+
+    async def _sign_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            job, record, fraud = await self.verdicts.get()
+            iid = await self.verdicts.get()
+            entry = self.store.get_job(iid)
+            if entry is None or entry[0] != "verified":
+                continue
+            job, record = Job.from_json(entry[1]["job"]), VerdictRecord(**entry[1]["record"])
+            fraud = FraudProof.from_json(entry[1]["fraud"]) if entry[1].get("fraud") else None
             if fraud is not None:  # certain and slashing at once: first, and whatever becomes of the vote
                 try:
                     await asyncio.to_thread(self._prove_fraud, job, fraud)
-                except ChainError as exc:
-                    log.warning("fraud proof failed: %s", exc, extra={"inference_id": record.inference_id})
+                except FatalError:
+                    raise
+                except Exception as exc:
+                    self.metrics.job_errors.labels("fraud-proof", type(exc).__name__).inc()
+                    log.warning("fraud proof failed: %s", exc, extra={"inference_id": iid})
             try:
-                await asyncio.to_thread(self._sign_and_submit, job, record)
+                vote = await asyncio.to_thread(self._sign_verdict, job, record)
             except ConflictingVerdict:
                 self.healthy = False
                 self.metrics.healthy.set(0)
                 raise
-            except ContractReverted as exc:  # decided already, window over, not a member any more
-                log.info("verdict not taken", extra={"inference_id": record.inference_id, "error": exc.error})
-            except ChainError as exc:
-                log.warning("verdict submission failed: %s", exc,
-                            extra={"inference_id": record.inference_id, "error": str(exc)})
+            except FatalError:
+                raise
+            except Exception as exc:  # e.g. the store or the signer hiccuped: the same record again later
+                self.metrics.job_errors.labels("sign", type(exc).__name__).inc()
+                log.warning("signing failed, retrying", exc_info=exc, extra={"inference_id": iid})
+                self._later(self._backoff(1), self.verdicts, iid)
+                continue
+            self._add_vote(iid, self.account.address, vote)
+            self.store.move_job(iid, "submitted", {"job": job.to_json(), "record": asdict(record)})
+            await self._publish_vote(job, vote)
 
-    def _sign_and_submit(self, job: Job, record: VerdictRecord) -> None:
+    def _sign_verdict(self, job: Job, record: VerdictRecord) -> Vote:
+        """Record the verdict (slashing protection, synced), then sign it; return the vote."""
         if not self.healthy or not self.stream.healthy:
             raise FatalError("not healthy: refusing to sign", Reason.DEEP_REORG)
         stored = self.store.record_verdict(record)  # synced before the signature exists
         verdict = Verdict(stored.inference_id, bytes.fromhex(stored.artifact_root[2:]), stored.valid, stored.reason,
                           bytes.fromhex(stored.scores_digest[2:]), stored.deadline)
         signature = sign_verdict(self.account, verdict, self.config.chain_id, self.hub.address)
-        vote = Vote(verdict.valid, verdict.reason, verdict.scores_digest, verdict.deadline, signature)
-        facts = job.facts
-        commitment = Commitment(facts.output_hash, facts.artifact_root, facts.fingerprint_hash)
         self.metrics.verdicts.labels(str(verdict.valid).lower()).inc()
-        self.done.append((facts.inference_id, verdict.valid, verdict.reason))
-        if self.p2p is not None and self.p2p.topic is not None:  # gossip: a quorum is submitted in one tx
-            message = encode_vote_message(facts.inference_id, commitment, vote)
-            self.p2p.publish_blocking(message)
-            self._on_gossip(message)  # our own vote counts towards the quorum we may submit
-            log.info("verdict gossiped", extra={"inference_id": facts.inference_id, "valid": verdict.valid})
+        self.done.append((job.facts.inference_id, verdict.valid, verdict.reason))
+        return Vote(verdict.valid, verdict.reason, verdict.scores_digest, verdict.deadline, signature)
+
+    async def _publish_vote(self, job: Job, vote: Vote) -> None:
+        """Gossip our vote (a quorum goes on chain in one transaction); if that fails, the submitter
+        still sends it after the grace period."""
+        if self.p2p is None or self.p2p.topic is None:
             return
-        self._submit_votes(facts.inference_id, commitment, [vote])
+        iid = job.facts.inference_id
+        try:
+            await asyncio.to_thread(self.p2p.publish_blocking, encode_vote_message(iid, job.commitment(), vote))
+            log.info("verdict gossiped", extra={"inference_id": iid, "valid": vote.valid})
+        except Exception as exc:
+            self.metrics.job_errors.labels("gossip", type(exc).__name__).inc()
+            log.warning("verdict not gossiped: %s", exc, extra={"inference_id": iid})
+
+    # ---- votes and their submission -----------------------------------------------------------------
+
+    def _add_vote(self, inference_id: int, signer: str, vote: Vote) -> None:
+        """Keep a signed vote (synced) and have the submitter look at its inference now."""
+        now = time.monotonic()
+        if self.store.put_vote(inference_id, signer, _vote_to_json(vote)) or inference_id not in self._ballots:
+            ballot = self._ballots.setdefault(inference_id, Ballot({}, now, now))
+            ballot.votes[signer] = vote
+            ballot.due = now
+            self._submit_wake.set()
+
+    async def _submit_loop(self, stop: asyncio.Event) -> None:
+        """Start a submission round for every inference whose votes are due (one round per inference at once)."""
+        while not stop.is_set():
+            if self._failure is not None:
+                raise self._failure
+            now = time.monotonic()
+            for iid, ballot in list(self._ballots.items()):
+                if not ballot.running and ballot.due <= now:
+                    ballot.running = True
+                    task = asyncio.create_task(self._submit_round(iid, ballot), name=f"submit {iid}")
+                    self._submits.add(task)
+                    task.add_done_callback(self._submits.discard)
+            self._submit_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._submit_wake.wait(), timeout=self.config.poll_interval)
+
+    async def _submit_round(self, inference_id: int, ballot: Ballot) -> None:
+        """Submit the votes of one inference not yet recorded on chain; on failure, back off and retry."""
+        known = frozenset(ballot.votes)
+        try:
+            outcome, missing = await asyncio.to_thread(self._submit_missing, inference_id, dict(ballot.votes),
+                                                       ballot.first_seen)
+        except FatalError as exc:
+            self._failure = exc
+            self._submit_wake.set()
+            return
+        except Exception as exc:  # reverted, RPC down, not mined in time: the same votes again, later
+            ballot.attempts += 1
+            ballot.due = time.monotonic() + self._backoff(ballot.attempts)
+            self.metrics.submissions.labels("failed").inc()
+            self.metrics.job_errors.labels("submit", type(exc).__name__).inc()
+            log.warning("votes not submitted, retrying", extra={"inference_id": inference_id, "in_s":
+                                                                ballot.due - time.monotonic(),
+                                                                "error": f"{type(exc).__name__}: {exc}"})
+            return
+        finally:
+            ballot.running = False
+        now = time.monotonic()
+        if outcome in ("settled", "closed"):
+            self._forget(inference_id, outcome)
+        elif outcome == "recorded":  # every vote we know is on chain; a new one brings the ballot back
+            if self._ballots.get(inference_id) is ballot and frozenset(ballot.votes) == known:
+                self._ballots.pop(inference_id, None)
+        elif outcome == "waiting":
+            ballot.due = min(ballot.first_seen + self.config.submit_grace, now + 2 * self.config.poll_interval)
+        else:  # sent: look again soon; the same votes still missing then count as a failed attempt
+            ballot.attempts = ballot.attempts + 1 if missing == ballot.last_missing else 0
+            ballot.last_missing = missing
+            ballot.due = now + (self._backoff(ballot.attempts) if ballot.attempts else self.config.poll_interval)
+            self.metrics.submissions.labels("sent").inc()
+
+    def _submit_missing(self, inference_id: int, votes: dict[str, Vote],
+                        first_seen: float) -> tuple[str, frozenset[str]]:
+        """Send the known votes the chain has not recorded; return what happened and which votes were missing.
+
+        With gossip, the first committee member (by address) submits as soon as the votes it knows can
+        complete a quorum; every other node waits `submit_grace` first (liveness without duplicate
+        transactions). Without gossip each node submits its own vote at once.
+        """
+        block = self.hub.w3.eth.get_block("latest")
+        inf = self.hub.get_inference(inference_id)
+        if inf.status is not Status.COMMITTED:
+            return "settled", frozenset()
+        if int(block["number"]) > inf.commit_block + self._get_check_window():
+            return "closed", frozenset()
+        open_votes = {s: v for s, v in votes.items() if v.deadline >= int(block["timestamp"])}
+        missing = {s: v for s, v in open_votes.items() if not self.hub.has_voted(inference_id, s)}
+        me = self.account.address
+        if me in votes and me not in missing:
+            entry = self.store.get_job(inference_id)
+            if entry is not None and entry[0] == "submitted":  # our vote is on chain: this job is done
+                self.store.finish_job(inference_id)
+        if not missing:
+            return "recorded", frozenset()
+        committee = self._committee(inference_id)
+        quorum = len(committee) // 2 + 1
+        onchain = {True: inf.valid_votes, False: inf.invalid_votes}
+        reachable = any(onchain[side] + sum(v.valid is side for v in missing.values()) >= quorum
+                        for side in (True, False))
+        first = bool(committee) and sorted(committee, key=str.lower)[0] == me
+        gossip = self.p2p is not None and self.p2p.topic is not None
+        if gossip and not (first and reachable) and time.monotonic() - first_seen < self.config.submit_grace:
+            return "waiting", frozenset(missing)
+        commitment = self._get_commitment(inference_id)
+        if commitment is None:  # votes are only kept once their commitment is known: cannot happen
+            raise RecoverableError(f"no commitment recorded for inference {inference_id}", Reason.CHAIN_UNAVAILABLE)
+        self._submit_votes(inference_id, commitment, list(missing.values()))
+        return "sent", frozenset(missing)
 
     def _submit_votes(self, inference_id: int, commitment: Commitment, votes: list[Vote]) -> None:
-        """Send signed votes in one journaled transaction and confirm it."""
+        """Send signed votes in one journaled transaction and confirm it (a failure raises: retried later)."""
         fn = self.hub.contract.functions.submitVerdicts(inference_id, commitment.as_tuple(),
                                                         [v.as_tuple() for v in votes])
-        for attempt in range(3):  # a vote mined after the state moved can fail; the same signed votes again
-            entry = self.txm.send(fn, purpose=f"verdicts {inference_id}")
-            try:
-                self.txm.confirm(entry["nonce"])
-                break
-            except TxFailed:
-                if attempt == 2 or self.hub.get_inference(inference_id).status is not Status.COMMITTED:
-                    raise
+        entry = self.txm.send(fn, purpose=f"verdicts {inference_id}")
+        self.txm.confirm(entry["nonce"])
         log.info("verdicts submitted", extra={"inference_id": inference_id, "votes": len(votes)})
 
-    # ---- verdict gossip and the quorum submitter ------------------------------------------------
-
     def _committee(self, inference_id: int) -> list[str]:
-        """Return an inference's committee (cached: it is fixed once the seed block exists)."""
+        """Return an inference's committee (cached: it is fixed once the seed block exists); blocking RPC."""
         if inference_id not in self._committees:
             checked, committee = self.hub.selection_of(inference_id)
             self._committees[inference_id] = committee if checked else []
         return self._committees[inference_id]
 
+    # ---- verdict gossip ---------------------------------------------------------------------------
+
     def _validate_gossip(self, data: bytes) -> bool:
-        """Check a gossiped vote: well formed, signed by a member of that inference's committee."""
-        inference_id, _, vote = decode_vote_message(data)
-        verdict = Verdict(inference_id, bytes.fromhex(json.loads(data)["artifact_root"][2:]), vote.valid,
-                          vote.reason, vote.scores_digest, vote.deadline)
-        signer = recover_verdict_signer(verdict, vote.signature, self.config.chain_id, self.hub.address)
-        return signer in self._committee(inference_id)
+        """Check a gossiped vote for relaying (libp2p worker thread: no RPC, no disk): well formed, signed,
+        and, where this node already knows them, by a committee member and for the committed outputs.
+
+        A vote for an inference whose committee we do not know yet is accepted: our event stream
+        lags the chain by its confirmations, and rejecting would lose (and stop relaying) honest
+        votes; the asyncio side checks it against the chain before it counts.
+        """
+        try:
+            message = decode_gossip_vote(data)
+            signer = message.recover_signer(self.config.chain_id, self.hub.address)
+        except InvalidGossip as exc:
+            self.metrics.gossip_rejected.labels(exc.reason.name).inc()
+            return False
+        committee = self._committees.get(message.id)
+        if committee is not None and signer not in committee:
+            self.metrics.gossip_rejected.labels("not-in-committee").inc()
+            return False
+        commitment = self._commitments.get(message.id)
+        if commitment is not None and commitment != message.commitment():
+            self.metrics.gossip_rejected.labels("commitment-mismatch").inc()
+            return False
+        return True
 
     def _on_gossip(self, data: bytes) -> None:
-        """Hand a valid vote to the quorum loop (called from the libp2p thread or our own)."""
+        """Hand a relayed vote to the asyncio side (libp2p worker thread)."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.gossip.put_nowait, data)
+            self._loop.call_soon_threadsafe(self._enqueue_gossip, data, 0)
 
-    async def _quorum_loop(self, stop: asyncio.Event) -> None:
-        """Collect gossiped votes; at a quorum the first committee member (by address) submits them once;
-        the others wait a grace period and submit only if nothing landed (liveness)."""
-        votes: dict[int, dict[str, Vote]] = {}
-        commitments: dict[int, Commitment] = {}
-        pending: set[int] = set()
+    def _enqueue_gossip(self, data: bytes, attempt: int) -> None:
+        if self.gossip.qsize() >= MAX_GOSSIP_QUEUE:
+            self.metrics.gossip_rejected.labels("queue-full").inc()
+            return
+        self.gossip.put_nowait((data, attempt))
+
+    async def _gossip_loop(self, stop: asyncio.Event) -> None:
+        """Check each gossiped vote against the chain and our records; keep the good ones for submission."""
         while not stop.is_set():
-            data = await self.gossip.get()
+            data, attempt = await self.gossip.get()
             try:
-                inference_id, commitment, vote = decode_vote_message(data)
-                artifact_root = bytes.fromhex(json.loads(data)["artifact_root"][2:])
-                verdict = Verdict(inference_id, artifact_root, vote.valid, vote.reason, vote.scores_digest,
-                                  vote.deadline)
-                signer = recover_verdict_signer(verdict, vote.signature, self.config.chain_id, self.hub.address)
-                committee = await asyncio.to_thread(self._committee, inference_id)
-            except (ValueError, KeyError, ChainError) as exc:
-                log.info("gossiped vote ignored: %s", exc)
-                continue
-            if signer not in committee:
-                continue
-            votes.setdefault(inference_id, {})[signer] = vote
-            commitments[inference_id] = commitment
-            quorum = len(committee) // 2 + 1
-            for side in (True, False):
-                agreeing = [v for v in votes[inference_id].values() if v.valid is side]
-                if len(agreeing) >= quorum and inference_id not in pending:
-                    pending.add(inference_id)
-                    first = sorted(committee, key=str.lower)[0] == self.account.address
-                    task = asyncio.create_task(self._submit_quorum(
-                        inference_id, commitments[inference_id], agreeing, 0.0 if first else self.config.submit_grace))
-                    self._submits.add(task)
-                    task.add_done_callback(self._submits.discard)
+                await self._on_gossip_vote(data)
+            except FatalError:
+                raise
+            except InvalidGossip as exc:
+                self.metrics.gossip_rejected.labels(exc.reason.name).inc()
+            except Exception as exc:  # the chain cannot tell yet (seed block, RPC): look again shortly
+                if attempt + 1 >= GOSSIP_RETRIES:
+                    self.metrics.gossip_rejected.labels(type(exc).__name__).inc()
+                    log.info("gossiped vote dropped: %s", exc)
+                    continue
+                loop = asyncio.get_running_loop()
+                loop.call_later(self._backoff(attempt), self._enqueue_gossip, data, attempt + 1)
 
-    async def _submit_quorum(self, inference_id: int, commitment: Commitment, votes: list[Vote],
-                             delay: float) -> None:
-        await asyncio.sleep(delay)
-        try:
-            status = (await asyncio.to_thread(self.hub.get_inference, inference_id)).status
-            if status is Status.COMMITTED:
-                await asyncio.to_thread(self._submit_votes, inference_id, commitment, votes)
-        except ChainError as exc:  # another submitter won the race, or the window closed
-            log.info("quorum not submitted", extra={"inference_id": inference_id, "error": str(exc)})
+    async def _on_gossip_vote(self, data: bytes) -> None:
+        """Keep a gossiped vote if it is signed by a member of its committee for the committed outputs."""
+        message = decode_gossip_vote(data)
+        iid = message.id
+        signer = message.recover_signer(self.config.chain_id, self.hub.address)
+        committee = await asyncio.to_thread(self._committee, iid)
+        if signer not in committee:
+            self.metrics.gossip_rejected.labels("not-in-committee").inc()
+            return
+        claimed = message.commitment()
+        commitment = self._get_commitment(iid)
+        if commitment is None:  # our stream has not confirmed the commit yet: the chain's commitment decides
+            inf = await asyncio.to_thread(self.hub.get_inference, iid)
+            if inf.commitment == keccak256(claimed.output_hash + claimed.artifact_root + claimed.fingerprint_hash):
+                self._remember_commitment(iid, claimed)
+                commitment = claimed
+        if commitment != claimed:  # the unsigned fields are forged (or another inference's): never submitted
+            self.metrics.gossip_rejected.labels("commitment-mismatch").inc()
+            log.info("gossiped vote with a wrong commitment dropped", extra={"inference_id": iid, "signer": signer})
+            return
+        self._add_vote(iid, signer, message.vote())
 
     def _prove_fraud(self, job: Job, fraud: FraudProof) -> None:
         facts = job.facts
-        commitment = Commitment(facts.output_hash, facts.artifact_root, facts.fingerprint_hash)
-        fn = self.hub.contract.functions.proveFraud(facts.inference_id, commitment.as_tuple(), fraud.header_hash,
-                                                    fraud.leaf, fraud.proof)
+        if fraud.is_termination:
+            fn = self.hub.contract.functions.proveTermination(
+                facts.inference_id, job.commitment().as_tuple(), fraud.header, fraud.positions_root or b"\x00" * 32,
+                fraud.leaf, fraud.proof)
+        else:
+            fn = self.hub.contract.functions.proveFraud(facts.inference_id, job.commitment().as_tuple(),
+                                                        fraud.header_hash, fraud.leaf, fraud.proof)
         try:
             fn.estimate_gas({"from": self.account.address})  # someone may have proven it already
         except Exception as exc:  # a revert here means there is nothing (left) to prove
@@ -513,37 +928,46 @@ class ValidatorNode:
         return runner
 
 
-def encode_vote_message(inference_id: int, commitment: Commitment, vote: Vote) -> bytes:
-    """Return the gossip message of one signed vote (with the commitment a submitter needs)."""
-    return json.dumps({"inference_id": str(inference_id), "artifact_root": "0x" + commitment.artifact_root.hex(),
-                       "output_hash": "0x" + commitment.output_hash.hex(),
-                       "fingerprint_hash": "0x" + commitment.fingerprint_hash.hex(), "valid": vote.valid,
-                       "reason": vote.reason, "scores_digest": "0x" + vote.scores_digest.hex(),
-                       "deadline": vote.deadline, "signature": "0x" + vote.signature.hex()}).encode()
+def _vote_to_json(vote: Vote) -> dict[str, Any]:
+    return {"valid": vote.valid, "reason": vote.reason, "scores_digest": vote.scores_digest.hex(),
+            "deadline": vote.deadline, "signature": vote.signature.hex()}
 
 
-def decode_vote_message(data: bytes) -> tuple[int, Commitment, Vote]:
-    """Return (inference id, commitment, vote) of a gossip message, or raise ValueError/KeyError."""
-    m = json.loads(data)
-
-    def b32(key: str) -> bytes:
-        raw = bytes.fromhex(str(m[key]).removeprefix("0x"))
-        if len(raw) != 32:
-            raise ValueError(f"{key} is not 32 bytes")
-        return raw
-
-    signature = bytes.fromhex(str(m["signature"]).removeprefix("0x"))
-    if len(signature) != 65 or not isinstance(m["valid"], bool):
-        raise ValueError("malformed vote")
-    return (int(m["inference_id"]), Commitment(b32("output_hash"), b32("artifact_root"), b32("fingerprint_hash")),
-            Vote(m["valid"], int(m["reason"]), b32("scores_digest"), int(m["deadline"]), signature))
+def _vote_from_json(value: dict[str, Any]) -> Vote:
+    return Vote(bool(value["valid"]), int(value["reason"]), bytes.fromhex(value["scores_digest"]),
+                int(value["deadline"]), bytes.fromhex(value["signature"]))
 
 
-def build_fraud_proof(payload: InferencePayload, position: int) -> FraudProof:
-    """Return the fraud proof of the leaf at `position` of a payload's artifact."""
+TERMINATION_REASONS = frozenset({Reason.NOT_TERMINATED, Reason.TOKENS_AFTER_STOP, Reason.OUTPUT_TOO_LONG})
+
+
+def build_fraud_proof(payload: InferencePayload, position: int | None,
+                      reason: Reason = Reason.CHOSEN_MISMATCH) -> FraudProof:
+    """Return the fraud proof of a stage-1 failure at `position` (None: header level) of a payload's artifact."""
     art = decode_payload_artifact(payload)
-    return FraudProof(keccak256(encode_header(art.header)), encode_leaf(art.positions, position),
-                      compute_leaf_proof(art, position), position)
+    header = encode_header(art.header)
+    if reason in TERMINATION_REASONS:
+        if position is None:  # empty or over-long: the header and the positions root prove it
+            return FraudProof(keccak256(header), b"", [], -1, header, compute_positions_root(art.positions))
+        return FraudProof(keccak256(header), encode_leaf(art.positions, position), compute_leaf_proof(art, position),
+                          position, header)
+    if position is None:
+        raise InvalidInput(f"{reason.name} is not provable from one leaf", reason)
+    return FraudProof(keccak256(header), encode_leaf(art.positions, position), compute_leaf_proof(art, position),
+                      position)
 
 
-__all__ = ["FraudProof", "Job", "Metrics", "ModelSlot", "ValidatorNode"]
+__all__ = [
+    "TERMINATION_REASONS",
+    "Ballot",
+    "DeferredCursor",
+    "FraudProof",
+    "Job",
+    "Metrics",
+    "ModelSlot",
+    "RecordedEventStream",
+    "ValidatorNode",
+    "build_fraud_proof",
+    "decode_vote_message",
+    "encode_vote_message",
+]

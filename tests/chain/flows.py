@@ -18,7 +18,8 @@ FEE = 10**17
 
 def honest_artifact(inference_id: int, length: int = 8) -> tuple[SyntheticRequest, Artifact]:
     """Return the request and the artifact an honest executer records for it."""
-    request = SyntheticRequest(inference_id=inference_id, user_seed=USER_SEED, params=SamplingParams(0.7, 1.0, 0, length),
+    params = SamplingParams(0.7, 1.0, 0, length)  # the synthetic model has no stop token: it runs to max_tokens
+    request = SyntheticRequest(inference_id=inference_id, user_seed=USER_SEED, params=params,
                                model_id=MODEL_ID, k=K, vocab_size=VOCAB, output_length=length)
     return request, make_synthetic_artifact(request, logits_seed=inference_id)
 
@@ -73,3 +74,15 @@ def stage1_failure_position(request: SyntheticRequest, artifact: Artifact) -> in
 
     result = sequence_check(artifact.header, artifact.positions, make_onchain(request, artifact))
     return None if result.valid else result.position
+
+
+def stage1_result(request: SyntheticRequest, artifact: Artifact,
+                  stop_token_ids: tuple[int, ...] = ()) -> tuple[object, int | None]:
+    """Return (reason, position) of node.checks.stage1 for an artifact of a model with these stop tokens."""
+    from dataclasses import replace
+
+    from node.checks.stage1 import sequence_check
+
+    onchain = replace(make_onchain(request, artifact), stop_token_ids=frozenset(stop_token_ids))
+    result = sequence_check(artifact.header, artifact.positions, onchain)
+    return result.reason, result.position

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from chain.contracts import ModelState, Status, Vote
 from chain.eip712 import Verdict, compute_verdict_digest, recover_verdict_signer, sign_verdict
 from chain.errors import ContractReverted
-from node.protocol.artifact import compute_leaf_proof, encode_header, encode_leaf
+from node.errors import Reason
+from node.protocol.artifact import Artifact, compute_leaf_proof, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
 from node.protocol.reputation import PRIOR_WAD, compute_posterior_wad
-from tests.chain.conftest import ALPHA, BETA, MODEL_ID, Net
+from tests.chain.conftest import ALPHA, BETA, MODEL_ID, STOP_TOKENS, Net
 from tests.chain.flows import (
     FEE,
     forge_position,
@@ -20,6 +22,7 @@ from tests.chain.flows import (
     request_and_commit,
     signed_votes,
     stage1_failure_position,
+    stage1_result,
 )
 
 
@@ -123,3 +126,36 @@ def test_anvil_stops_with_its_process_group(anvil) -> None:
     anvil.stop()
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_a_truncated_output_is_slashed_by_a_termination_proof(net: Net) -> None:
+    # an honest synthetic artifact of 8 tokens committed under max_tokens 64: shorter, and its last token is
+    # not the registered stop token (2) — the cut answer of issue 15 finding 6, proven from the header + 1 leaf
+    def truncated(inference_id: int):
+        request, artifact = honest_artifact(inference_id)
+        header = replace(artifact.header, max_tokens=64)
+        return replace(request, params=replace(request.params, max_tokens=64)), Artifact(header, artifact.positions)
+
+    inference_id, artifact, c = request_and_commit(net, truncated)
+    last = len(artifact.positions) - 1
+    assume_not_stop = int(artifact.positions.chosen[last]) not in STOP_TOKENS
+    assert assume_not_stop, "the synthetic output does not end on the stop token"
+    request, _ = truncated(inference_id)
+    # the validator's own stage 1 sees it too
+    assert stage1_result(request, artifact, STOP_TOKENS) == (Reason.NOT_TERMINATED, last)
+    prover = net.validators[0]
+    receipt = net.hub.prove_termination(prover, inference_id, c, encode_header(artifact.header), b"\x00" * 32,
+                                        encode_leaf(artifact.positions, last), compute_leaf_proof(artifact, last))
+    proven = net.hub.contract.events.FraudProven().process_receipt(receipt)[0]["args"]
+    assert (proven["position"], proven["reason"]) == (last, int(Reason.NOT_TERMINATED))
+    after = net.hub.staker(net.operator.address)
+    assert after.stake == 0 and after.jailed and net.hub.get_inference(inference_id).status is Status.FRAUD
+
+
+def test_an_honest_full_length_output_has_no_termination_proof(net: Net) -> None:
+    inference_id, artifact, c = request_and_commit(net)  # runs to max_tokens: may end on anything
+    last = len(artifact.positions) - 1
+    with pytest.raises(ContractReverted) as err:
+        net.hub.prove_termination(net.validators[0], inference_id, c, encode_header(artifact.header), b"\x00" * 32,
+                                  encode_leaf(artifact.positions, last), compute_leaf_proof(artifact, last))
+    assert err.value.error == "NotFraud"

@@ -5,13 +5,13 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from node.checks.stage1 import POSITION_RULES, compute_position_violations, sequence_check
+from node.checks.stage1 import POSITION_RULES, compute_position_violations, find_termination_position, sequence_check
 from node.errors import Reason
 from node.executer.synthetic import SyntheticRequest, make_onchain, make_synthetic_artifact
 from node.protocol.artifact import Artifact, make_positions
 from node.protocol.sampler import WEIGHT_MAX, SamplingParams, tail_exhaustion_floor
 from node.protocol.seed import compute_sampler_uniforms
-from node.protocol.sequence import find_position_violation
+from node.protocol.sequence import find_length_violation, find_position_violation, find_termination_violation
 from tests.node.protocol.strategies import requests
 
 
@@ -260,3 +260,73 @@ def test_a_sampler_failure_at_the_same_position_is_reported_first():
     forged = with_columns(art, chosen=chosen)
     result = sequence_check(forged.header, forged.positions, recommitted(req, forged))
     assert result.position == last and result.reason in (Reason.CHOSEN_MISMATCH, Reason.TAIL_TOKEN_IN_CANDIDATES)
+
+
+def _never_chosen(art: Artifact) -> int:
+    return next(t for t in range(REQ.vocab_size) if t not in set(int(c) for c in art.positions.chosen))
+
+
+def test_reaching_max_tokens_needs_no_stop_token():
+    art, _ = honest(REQ)
+    req = _with_stop(REQ, {_never_chosen(art)})  # N == max_tokens == 40, the last token is no stop
+    art, onchain = honest(req)
+    assert sequence_check(art.header, art.positions, onchain).valid
+
+
+def test_the_one_token_answer_stop_is_the_valid_empty_answer():
+    one = dataclasses.replace(REQ, output_length=1)
+    art, _ = honest(one)
+    req = _with_stop(one, {int(art.positions.chosen[0])}, max_tokens=64)
+    art, onchain = honest(req)
+    assert sequence_check(art.header, art.positions, onchain).valid
+    cut = _with_stop(one, {_never_chosen(art)}, max_tokens=64)
+    art, onchain = honest(cut)
+    result = sequence_check(art.header, art.positions, onchain)
+    assert (result.reason, result.position) == (Reason.NOT_TERMINATED, 0)
+
+
+def test_going_on_after_a_stop_is_caught_below_max_tokens_too():
+    art, _ = honest(REQ)
+    stop = int(art.positions.chosen[5])
+    at = [int(t) for t in art.positions.chosen].index(stop)
+    req = _with_stop(REQ, {stop, _never_chosen(art)}, max_tokens=64)  # and the end is no stop either
+    art, onchain = honest(req)
+    result = sequence_check(art.header, art.positions, onchain)
+    assert (result.reason, result.position, result.positions_checked) == (Reason.TOKENS_AFTER_STOP, at, at)
+
+
+def test_the_first_failing_position_wins_between_the_sampler_and_termination():
+    art, _ = honest(REQ)
+    stop = int(art.positions.chosen[5])
+    at = [int(t) for t in art.positions.chosen].index(stop)
+    req = _with_stop(REQ, {stop})
+    art, _ = honest(req)
+    ids = np.array(art.positions.token_ids)
+    ids[at + 3, 4] = REQ.vocab_size  # a sampler failure after the early stop
+    forged = with_columns(art, token_ids=ids)
+    result = sequence_check(forged.header, forged.positions, recommitted(req, forged))
+    assert (result.reason, result.position) == (Reason.TOKENS_AFTER_STOP, at)
+    ids = np.array(art.positions.token_ids)
+    ids[at - 1 if at else 0, 4] = REQ.vocab_size  # ... and one before (or at) it
+    forged = with_columns(art, token_ids=ids)
+    result = sequence_check(forged.header, forged.positions, recommitted(req, forged))
+    assert (result.reason, result.position) == (Reason.CANDIDATE_ID_OUT_OF_RANGE, at - 1 if at else 0)
+
+
+def _scalar_termination(chosen: list[int], max_tokens: int, stops: frozenset[int]) -> tuple[Reason, int | None]:
+    """The per-leaf spec (what the fraud proof applies) scanned over every position."""
+    length = find_length_violation(len(chosen), max_tokens)
+    if length is not Reason.OK:
+        return length, None
+    for p, c in enumerate(chosen):
+        reason = find_termination_violation(p, c in stops, len(chosen), max_tokens)
+        if reason is not Reason.OK:
+            return reason, p
+    return Reason.OK, None
+
+
+@given(st.lists(st.integers(0, 6), max_size=12), st.integers(0, 14), st.frozensets(st.integers(0, 6), max_size=3))
+def test_stage1_termination_equals_the_per_leaf_spec(chosen, max_tokens, stops):
+    positions = make_positions(np.array(chosen, dtype=np.int64), np.zeros((len(chosen), 2), dtype=np.int64),
+                               np.zeros((len(chosen), 2), dtype=np.int64), np.zeros((len(chosen), 2)))
+    assert find_termination_position(positions, max_tokens, stops) == _scalar_termination(chosen, max_tokens, stops)

@@ -1,8 +1,16 @@
+import struct
+
 import pytest
 
-from node.errors import Reason
+from node.errors import InvalidArtifact, Reason
+from node.protocol.artifact import leaf_size
 from node.protocol.sampler import WEIGHT_ONE, tail_exhaustion_floor
-from node.protocol.sequence import find_length_violation, find_position_violation, find_termination_violation
+from node.protocol.sequence import (
+    find_leaf_termination_violation,
+    find_length_violation,
+    find_position_violation,
+    find_termination_violation,
+)
 
 IDS = [5, 9, 2, 7, 1]
 W = [2**31, 2**30, 2**29, 0, 0]  # W_K = 2^32 - 2^29
@@ -61,3 +69,32 @@ def test_the_length_rule():
     assert find_length_violation(0, 0) is Reason.OK
     assert find_length_violation(9, 8) is Reason.OUTPUT_TOO_LONG
     assert find_length_violation(8, 8) is Reason.OK
+
+
+def _leaf(position: int, chosen: int, k: int = 5) -> bytes:
+    return struct.pack(">II", position, chosen) + bytes(12 * k)
+
+
+@pytest.mark.parametrize("leaf,n,m,want", [
+    (_leaf(3, 2), 4, 8, (3, Reason.OK)),                         # ends on the stop token 2
+    (_leaf(3, 106), 4, 8, (3, Reason.OK)),                       # ... or on the second one
+    (_leaf(3, 7), 4, 8, (3, Reason.NOT_TERMINATED)),             # truncated
+    (_leaf(3, 7), 4, 4, (3, Reason.OK)),                         # max_tokens reached
+    (_leaf(1, 2), 4, 4, (1, Reason.TOKENS_AFTER_STOP)),          # went on after the stop
+    (_leaf(0, 2), 1, 8, (0, Reason.OK)),                         # [stop]: the valid "empty" answer
+    (_leaf(2**32 - 1, 2), 4, 8, (2**32 - 1, Reason.OK)),         # names no position of this output
+    (b"", 0, 8, (None, Reason.NOT_TERMINATED)),                  # empty output, header level
+    (b"", 9, 8, (None, Reason.OUTPUT_TOO_LONG)),
+    (b"", 4, 8, (None, Reason.OK)),                              # the header alone proves no truncation
+])
+def test_the_termination_rule_as_the_fraud_proof_reads_a_leaf(leaf, n, m, want):
+    assert find_leaf_termination_violation(leaf, 5, n, m, frozenset({2, 106})) == want
+
+
+def test_a_leaf_of_the_wrong_length_is_a_typed_error():
+    with pytest.raises(InvalidArtifact) as short:
+        find_leaf_termination_violation(_leaf(0, 2)[:-1], 5, 1, 8, {2})
+    with pytest.raises(InvalidArtifact) as long:
+        find_leaf_termination_violation(_leaf(0, 2) + b"\0", 5, 1, 8, {2})
+    assert (short.value.reason, long.value.reason) == (Reason.TRUNCATED, Reason.TRAILING_BYTES)
+    assert len(_leaf(0, 2)) == leaf_size(5)

@@ -45,8 +45,28 @@ class Harness:
     tamper: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | None]
     session: aiohttp.ClientSession
     requester: Any
+    config: ValidatorConfig | None = None
+    slot: ModelSlot | None = None
+    others: tuple[Any, ...] = ()  # further bonded validators (committee members the test signs for)
     seed: int = 0
     task: asyncio.Task | None = None
+
+    def restart(self) -> ValidatorNode:
+        """Reopen the store and build a fresh node on it, as after a crash (the old node must have stopped)."""
+        path = Path(self.store._db.name)
+        self.store.close()
+        self.store = Store(path, 31337, self.hub.address)
+        assert self.config is not None and self.slot is not None
+        self.node = ValidatorNode(self.config.model_copy(update={"metrics_port": free_port()}), self.node.account,
+                                  Hub(self.anvil.web3(), self.hub.address), self.store, {self.model_id: self.slot})
+        self.task = None
+        return self.node
+
+    def artifact_root(self, iid: int) -> bytes:
+        """Return the committed artifact root of an inference."""
+        logs = self.hub.contract.events.InferenceCommitted().get_logs(from_block=0,
+                                                                       argument_filters={"inferenceId": iid})
+        return bytes(logs[0]["args"]["artifactRoot"])
 
     async def infer(self, prompt: str = "Say hello.") -> int:
         """Request on chain, have the executer generate and commit; return the inference id."""
@@ -84,18 +104,22 @@ def tiny_thresholds(tiny) -> Stage2Thresholds:
 
 
 @asynccontextmanager
-async def harness(tiny, tmp_path: Path, **config: Any) -> AsyncIterator[Harness]:
-    """Start everything; yield; stop everything."""
+async def harness(tiny, tmp_path: Path, committee: int = 1, **config: Any) -> AsyncIterator[Harness]:
+    """Start everything; yield; stop everything. With `committee` > 1, the node's fellow members are
+    dev accounts 5, 6, … (bonded, no daemon: the test signs and gossips for them)."""
     with Anvil(block_time=0.5) as anvil:
         w3 = anvil.web3()
         admin, requester, operator, validator = (dev_account(i) for i in (0, 1, 2, 3))
-        hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(9).address, committee_size=1))
+        others = tuple(dev_account(5 + i) for i in range(committee - 1))
+        hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(9).address, committee_size=committee,
+                                                      min_committee=committee))
         model_id = tiny.files.model_id
         hub.register_model(admin, model_id, tiny.files.spec.k, tiny.files.spec.vocab_size, 10**16, 0, 10**18,
-                           b"\x00" * 32)
+                           b"\x00" * 32, sorted(tiny.files.spec.stop_token_ids))
         hub.advance_model_to(admin, model_id, ModelState.VERIFYING)
         hub.bond(operator, Role.OPERATOR, 10 * 10**18)
-        hub.bond(validator, Role.VALIDATOR, 5 * 10**18)
+        for v in (validator, *others):
+            hub.bond(v, Role.VALIDATOR, 5 * 10**18)
         _, profile = load_profile(tiny.files.spec)
         gate = ChainGate(Hub(w3, hub.address), TxManager(w3, operator, MemoryJournal()), model_id)
         service = ExecuterService(tiny.files, tiny.tokenizer, tiny.engine, profile.fingerprint_thresholds(), gate=gate)
@@ -124,14 +148,16 @@ async def harness(tiny, tmp_path: Path, **config: Any) -> AsyncIterator[Harness]
         values.update(config)
         store = Store(tmp_path / "validator", 31337, hub.address)
         slot = ModelSlot(tiny.files, tiny.tokenizer, tiny.engine, tiny_thresholds(tiny))
-        node = ValidatorNode(ValidatorConfig(**values), validator, Hub(anvil.web3(), hub.address), store,
-                             {model_id: slot})
+        validator_config = ValidatorConfig(**values)
+        node = ValidatorNode(validator_config, validator, Hub(anvil.web3(), hub.address), store, {model_id: slot})
         async with aiohttp.ClientSession() as session:
+            h = Harness(anvil, hub, model_id, operator, url, node, store, tamper, session, requester,
+                        validator_config, slot, others)
             try:
-                yield Harness(anvil, hub, model_id, operator, url, node, store, tamper, session, requester)
+                yield h
             finally:
                 await runner.cleanup()
-                store.close()
+                h.store.close()
 
 
 def corrupt_artifact(payload: dict[str, Any]) -> dict[str, Any]:

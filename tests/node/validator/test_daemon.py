@@ -234,7 +234,7 @@ def test_an_unhealthy_stream_refuses_to_sign_and_a_missing_contract_refuses_to_s
             facts = ChainFacts(iid, 1, h.model_id, 0, 0, 0, 8, b"\x00" * 32, b"\x00" * 32, b"\x00" * 32, b"\x00" * 32)
             record = VerdictRecord(iid, "0x" + "00" * 32, True, 0, "0x" + "00" * 32, 2**40)
             with pytest.raises(FatalError, match="refusing to sign"):
-                h.node._sign_and_submit(Job(facts, h.operator.address), record)
+                h.node._sign_verdict(Job(facts, h.operator.address), record)
             assert h.store.get_verdict(iid) is None  # refused before anything was recorded or signed
             h.node.hub = type(h.node.hub)(h.node.hub.w3, "0x" + "42" * 20)  # no code there
             with pytest.raises(FatalError, match="no contract"):
