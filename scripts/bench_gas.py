@@ -2,8 +2,10 @@
 
 Every number is a receipt's gasUsed (21,000 intrinsic gas included). Storage makes the first write
 of a slot dearer than later ones (20k vs 2.9k), so calls whose cost depends on it are measured
-twice: "first" (fresh credit slots) and "steady" (the accounts already hold credits, the common
-case for a running operator or validator).
+twice: "first" (the deployment's first inference: its first credit ever also opens the contract-wide
+`totalCredits` slot, once per deployment) and "steady" (the accounts already hold credits, the common
+case for a running operator or validator); "new accounts" is a newly bonded operator and validator on a
+running deployment (their credit slots were opened at their bonds, so the verdict writes none).
 Usage: python scripts/bench_gas.py [--tokens 256] [--out FILE]
 """
 
@@ -45,6 +47,7 @@ class Bench:
     def __init__(self, anvil: Anvil, validators: int, committee: int) -> None:
         accounts = [dev_account(i) for i in range(4 + validators)]
         self.admin, self.op, self.requester, treasury, *self.vals = accounts
+        self.spare = [dev_account(i) for i in range(4 + validators, 6 + validators)]  # bonded later: new accounts
         self.w3 = anvil.web3()
         config = HubConfig(treasury=treasury.address, committee_size=committee, min_committee=min(3, committee))
         self.hub, receipt = Hub.deploy(self.w3, self.admin, config)
@@ -116,18 +119,26 @@ def measure(tokens: int) -> dict[str, Any]:
         gas["requestUnbond"] = int(one.hub.request_unbond(one.vals[0])["gasUsed"])
         one.mine(600)
         gas["withdraw"] = int(one.hub.withdraw(one.vals[0])["gasUsed"])
-    with Anvil() as anvil:
-        three = Bench(anvil, validators=3, committee=3)
-        for label in ("first", "steady"):
-            while True:  # draws are with replacement: find an inference whose committee has three members
-                inference_id, art, c, _ = three.request_commit(tokens)
-                if len(three.hub.selection_of(inference_id)[1]) == 3:
-                    break
-                three.mine(101)
-                three.hub.finalize(three.requester, inference_id)
-            votes = three.votes(inference_id, art.root, 3)
-            receipt = three.hub.submit_verdicts(three.requester, inference_id, c, votes)
-            gas[f"submitVerdicts (3 signatures, {label})"] = int(receipt["gasUsed"])
+        # a newly bonded operator and validator (the old validator is gone: the new one is the committee)
+        new_op, new_val = one.spare
+        one.hub.bond(new_op, Role.OPERATOR, 10 * 10**18)
+        one.hub.bond(new_val, Role.VALIDATOR, 5 * 10**18)
+        one.op, one.vals = new_op, [new_val]
+        one.mine(1)
+        inference_id, art, c, _ = one.request_commit(tokens)
+        receipt = one.hub.submit_verdicts(one.requester, inference_id, c, one.votes(inference_id, art.root, 1))
+        gas["submitVerdicts (1 signature, new accounts)"] = int(receipt["gasUsed"])
+    for size in (3, 5):
+        with Anvil(accounts=6 + size) as anvil:
+            bench = Bench(anvil, validators=size, committee=size)
+            for label in ("first", "steady"):
+                inference_id, art, c, _ = bench.request_commit(tokens)
+                assert len(bench.hub.selection_of(inference_id)[1]) == size  # without replacement: all drawn
+                receipt = bench.hub.submit_verdicts(bench.requester, inference_id, c,
+                                                    bench.votes(inference_id, art.root, size))
+                gas[f"submitVerdicts ({size} signatures, {label})"] = int(receipt["gasUsed"])
+            gas[f"submitVerdicts per validator, quorum of {size} (steady)"] = round(
+                gas[f"submitVerdicts ({size} signatures, steady)"] / size)
     return gas
 
 

@@ -40,7 +40,10 @@ abstract contract Staking is ReentrancyGuard {
     address[] public validators; // index is stable (a withdrawn validator's slot is never reused); it is the vote-bitmap bit
     mapping(address => uint256) internal validatorSlot; // index + 1 in `validators`, 0 for none
     mapping(address => Checkpoints.Trace208) internal weightHistory; // committee weight by block number
-    mapping(address => uint256) public credits; // withdrawable fees, rewards and refunds
+    /// @dev Withdrawable fees, rewards and refunds plus one: a slot is opened (set to 1) by whoever joins —
+    ///      a staker at its bond, a requester at its request, the treasury at deployment — so the first
+    ///      credit a verdict pays never writes a fresh storage slot (20k gas) inside a validator's submission.
+    mapping(address => uint256) internal creditSlots;
     address public immutable treasury;
 
     /// @notice Σ stakes; with Σ credits and escrowed fees it is the contract's whole balance.
@@ -72,6 +75,7 @@ abstract contract Staking is ReentrancyGuard {
         minValidatorStake = minValidatorStake_;
         unbondingDelay = unbondingDelay_;
         treasury = treasury_;
+        _openCredits(treasury_);
     }
 
     /// @notice Bond (or top up) native ETH as an operator or a validator.
@@ -92,6 +96,7 @@ abstract contract Staking is ReentrancyGuard {
             s.role = role;
             s.spoofP = uint64(_prior());
             s.bondBlock = uint32(block.number);
+            _openCredits(msg.sender);
         }
         s.stake = uint96(stake);
         totalStaked += msg.value;
@@ -124,9 +129,9 @@ abstract contract Staking is ReentrancyGuard {
 
     /// @notice Withdraw accumulated fees, rewards and refunds.
     function claim() external nonReentrant {
-        uint256 amount = credits[msg.sender];
+        uint256 amount = credits(msg.sender);
         if (amount == 0) revert NothingToClaim();
-        credits[msg.sender] = 0;
+        creditSlots[msg.sender] = 1; // stays open: the next credit is as cheap
         totalCredits -= amount;
         emit Claimed(msg.sender, amount);
         Address.sendValue(payable(msg.sender), amount);
@@ -139,9 +144,21 @@ abstract contract Staking is ReentrancyGuard {
 
     function _prior() internal pure virtual returns (uint256);
 
+    /// @notice Fees, rewards and refunds `who` can withdraw with `claim`.
+    function credits(address who) public view returns (uint256) {
+        uint256 slot = creditSlots[who];
+        return slot == 0 ? 0 : slot - 1;
+    }
+
+    /// @dev Open `who`'s credit slot (paid by the caller who joins), so later credits cost a warm write.
+    function _openCredits(address who) internal {
+        if (creditSlots[who] == 0) creditSlots[who] = 1;
+    }
+
     function _credit(address who, uint256 amount) internal {
         if (amount == 0) return;
-        credits[who] += amount;
+        uint256 slot = creditSlots[who];
+        creditSlots[who] = (slot == 0 ? 1 : slot) + amount;
         totalCredits += amount;
         emit Credited(who, amount);
     }

@@ -230,6 +230,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         (inf.bond, inf.maxTokens) = (uint96(deposit), p.maxTokens);
         s.open += 1;
         totalEscrow += msg.value;
+        _openCredits(msg.sender); // the bond comes back as a credit: the requester opens its slot, not a validator
         emit InferenceRequested(id, msg.sender, operator, modelId, promptHash, userSeed, p, fee, deposit);
     }
 

@@ -148,6 +148,17 @@ contract InvariantTest is Fixture {
         assertSolvent();
     }
 
+    /// @dev Credit slots are stored plus one once opened: that marker never counts as money.
+    function invariant_creditsSumToTotal() public view {
+        address[9] memory all = [op, REQUESTER, TREASURY, vals[0], vals[1], vals[2], address(0xAA01), address(0xAA02),
+            vm.addr(0xBAD)]; // the attacker validator of the honest-operator suite
+        uint256 sum;
+        for (uint256 i; i < all.length; ++i) {
+            sum += hub.credits(all[i]);
+        }
+        assertEq(sum, hub.totalCredits(), "sum of credits");
+    }
+
     function invariant_stakesSumToTotal() public view {
         uint256 sum = stakeOf(op) + stakeOf(address(0xAA01)) + stakeOf(address(0xAA02));
         for (uint256 i; i < 3; ++i) {
