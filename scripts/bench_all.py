@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "daemon": (["--repeats", "7"], ["--tokens", "64", "--repeats", "2"]),
     "p2p": ([], ["--fetches", "10"]),
     "gas": ([], []),
+    "payload": ([], ["--tokens", "64", "256"]),
 }
 
 
@@ -96,9 +97,20 @@ def rows_gas(d: dict[str, Any]) -> list[Row]:
     return out
 
 
+def rows_payload(d: dict[str, Any]) -> list[Row]:
+    """Headline rows of bench_payload.json: bytes per token of the whole payload, raw and compressed."""
+    out: list[Row] = []
+    for r in d["results"]:
+        t, goal = r["per_token"], d["goal_bytes_per_token_256"] if r["tokens"] == 256 else None
+        out.append((f"payload bytes/token, {r['tokens']} tokens (raw / wire v1 / wire v2)",
+                    f"{t['raw']:.1f} / {t['wire_v1']:.1f} / {t['wire_v2']:.1f}", f"≤ {goal}" if goal else "-",
+                    _goal(t["wire_v2"], goal, higher_is_better=False) if goal else "-"))
+    return out
+
+
 EXTRACT: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "stage1": rows_stage1, "stage2": rows_stage2, "engine": rows_engine, "daemon": rows_daemon, "p2p": rows_p2p,
-    "gas": rows_gas,
+    "gas": rows_gas, "payload": rows_payload,
 }
 
 

@@ -19,6 +19,7 @@ from node.protocol.artifact import (
     compute_output_hash,
     compute_positions_root,
     encode_artifact_wire,
+    encode_columns,
     encode_header,
     encode_leaves,
     leaf_size,
@@ -98,6 +99,7 @@ def artifact_vectors() -> list[dict[str, Any]]:
             "artifact_root": _hex(art.root),
             "output_hash": _hex(compute_output_hash(art.positions.chosen)),
             "wire": _hex(encode_artifact_wire(art)),
+            "columns": _hex(encode_columns(art)),  # wire v2's content before zstd (the layout, pinned)
         })
     return out
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node.protocol.artifact import decode_artifact_wire, encode_artifact
+from node.protocol.artifact import decode_artifact_wire, decode_columns, encode_artifact
 from node.protocol.errors import Reason
 from node.protocol.hashing import keccak256
 from node.protocol.merkle import verify_merkle_proof
@@ -73,3 +73,9 @@ def test_termination_cases_cover_every_outcome():
     assert reasons >= {(False, Reason.OK), (False, Reason.NOT_TERMINATED), (False, Reason.TOKENS_AFTER_STOP),
                        (False, Reason.OUTPUT_TOO_LONG), (True, Reason.NOT_TERMINATED), (True, Reason.OUTPUT_TOO_LONG),
                        (True, Reason.OK)}
+
+
+@pytest.mark.parametrize("case", VECTORS["artifact"], ids=lambda c: f"n{len(c['leaves'])}")
+def test_committed_columns_decode_to_committed_encoding(case):
+    art = decode_columns(bytes.fromhex(case["columns"][2:]))
+    assert encode_artifact(art).hex() == case["header"][2:] + "".join(leaf[2:] for leaf in case["leaves"])

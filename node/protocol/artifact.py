@@ -6,7 +6,14 @@ header = bytes32 model_id ‖ uint32 temperature_bits ‖ uint32 top_p_bits ‖ 
          ‖ uint32 max_tokens ‖ uint32 K ‖ bytes32 run_seed ‖ uint32 P ‖ P × uint32 prompt_id
          ‖ uint32 output_length
 leaf_i = uint32 i ‖ uint32 chosen ‖ K × (uint32 token_id ‖ uint32 weight ‖ float32 raw_logprob)
-wire   = one zstd frame, content size declared, of header ‖ leaf_0 ‖ … ‖ leaf_{N-1}
+wire v1 = one zstd frame, content size declared, of header ‖ leaf_0 ‖ … ‖ leaf_{N-1}
+wire v2 = 0x02 ‖ one zstd frame (level 19, content size declared) of the same fields by column:
+          header ‖ N × uint8 chosen_slot ‖ E × uint32 chosen (the E positions whose slot is K)
+          ‖ planes(token_ids) ‖ planes(weights) ‖ planes(raw_logprobs)
+          chosen_slot = the candidate column holding the chosen token, K when it is no candidate;
+          planes(x) = the N·K big-endian 4-byte values split into 4 byte planes (first bytes, then
+          second bytes, …). 17 % smaller than v1 on real SmolLM2 artifacts (issue 21); a v1 frame starts
+          with zstd's magic 0x28, so the version byte is unambiguous and v1 stays accepted.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ MAX_PROMPT_TOKENS = 131_072
 MAX_OUTPUT_TOKENS = 32_768
 MAX_ARTIFACT_BYTES = 32 * 2**20
 MAX_WIRE_BYTES = 32 * 2**20
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 3  # wire v1
+ZSTD_LEVEL_V2 = 19  # 8 ms for a 256-token artifact: 0.04 % of generating it, for 2 % fewer bytes than level 3
+WIRE_V2 = b"\x02"
 
 _HEAD = struct.Struct(">32sIIIII32sI")  # up to and including the prompt length
 _U32 = struct.Struct(">I")
@@ -223,16 +232,77 @@ def compute_output_hash(output_ids: Sequence[int] | np.ndarray) -> bytes:
     return keccak256(ids.astype(">u4").tobytes())
 
 
-def encode_artifact_wire(artifact: Artifact) -> bytes:
-    """Return the wire form: one zstd frame (content size declared) of the canonical encoding."""
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(encode_artifact(artifact))
+def encode_artifact_wire(artifact: Artifact, version: int = 2) -> bytes:
+    """Return the wire form (v2 by default: the columnar frame; v1: the canonical encoding's frame)."""
+    if version == 1:
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(encode_artifact(artifact))
+    if version != 2:
+        raise InvalidParams(f"no wire version {version}", Reason.OUT_OF_RANGE)
+    columns = encode_columns(artifact)
+    return WIRE_V2 + zstandard.ZstdCompressor(level=ZSTD_LEVEL_V2, write_content_size=True).compress(columns)
 
 
-def decode_artifact_wire(data: bytes) -> Artifact:
-    """Return the artifact in a wire payload, or raise InvalidArtifact for anything non-canonical."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidArtifact("wire payload must be bytes", Reason.WIRE_MALFORMED)
-    data = bytes(data)
+def compute_chosen_slots(positions: Positions) -> np.ndarray:
+    """Return per position the candidate column that holds the chosen token, K where none does."""
+    hit = positions.token_ids == positions.chosen[:, None]
+    slots = np.where(hit.any(axis=1), hit.argmax(axis=1), positions.k)
+    return slots.astype(np.uint8)
+
+
+def _planes(values: np.ndarray, dtype: str) -> bytes:
+    flat = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+    return flat.view(np.uint8).reshape(-1, 4).T.tobytes()
+
+
+def _from_planes(blob: bytes, count: int, dtype: str) -> np.ndarray:
+    planes = np.frombuffer(blob, dtype=np.uint8).reshape(4, count)
+    return np.ascontiguousarray(planes.T).view(dtype).reshape(-1)
+
+
+def encode_columns(artifact: Artifact) -> bytes:
+    """Return wire v2's uncompressed content: the header, then the leaves' fields column by column."""
+    p = artifact.positions
+    _require_u32_columns(p)
+    slots = compute_chosen_slots(p)
+    explicit: bytes = p.chosen[slots == p.k].astype(">u4").tobytes()
+    return (encode_header(artifact.header) + slots.tobytes() + explicit
+            + _planes(p.token_ids, ">u4") + _planes(p.weights, ">u4") + _planes(p.raw_logprobs, ">f4"))
+
+
+def decode_columns(raw: bytes) -> Artifact:
+    """Return the artifact in wire v2's content, or raise InvalidArtifact (one spelling per artifact)."""
+    header, end = decode_header(raw)
+    n, k = header.output_length, header.k
+    slots = np.frombuffer(raw, dtype=np.uint8, count=n, offset=end) if len(raw) >= end + n else None
+    if slots is None:
+        raise InvalidArtifact("chosen slots truncated", Reason.TRUNCATED)
+    bad = _first(slots > k)
+    if bad is not None:
+        raise InvalidArtifact(f"chosen slot above K={k}", Reason.NON_CANONICAL, bad)
+    outside = int((slots == k).sum())
+    expected = end + n + 4 * outside + 3 * 4 * n * k
+    if len(raw) != expected:
+        reason = Reason.TRUNCATED if len(raw) < expected else Reason.TRAILING_BYTES
+        raise InvalidArtifact(f"columns hold {len(raw)} bytes, {expected} expected", reason)
+    at = end + n
+    explicit = np.frombuffer(raw, dtype=">u4", count=outside, offset=at).astype(np.int64)
+    at += 4 * outside
+    block = 4 * n * k
+    ids = _from_planes(raw[at:at + block], n * k, ">u4").reshape(n, k).astype(np.int64)
+    weights = _from_planes(raw[at + block:at + 2 * block], n * k, ">u4").reshape(n, k).astype(np.int64)
+    logprobs = _from_planes(raw[at + 2 * block:], n * k, ">f4").reshape(n, k).astype(np.float32)
+    chosen = np.empty(n, dtype=np.int64)
+    inside = slots < k
+    chosen[inside] = ids[inside, slots[inside].astype(np.int64)]
+    chosen[~inside] = explicit
+    artifact = Artifact(header, make_positions(chosen, ids, weights, logprobs))
+    if encode_columns(artifact) != raw:  # a slot not at the chosen token's first column, or an explicit candidate
+        raise InvalidArtifact("non-canonical chosen slot", Reason.NON_CANONICAL)
+    return decode_artifact(encode_artifact(artifact))  # the canonical checks of every leaf
+
+
+def _decompress_frame(data: bytes) -> bytes:
+    """Return the content of exactly one zstd frame that declares its size, within the limits."""
     if len(data) > MAX_WIRE_BYTES:
         raise InvalidArtifact(f"wire payload of {len(data)} bytes exceeds {MAX_WIRE_BYTES}", Reason.WIRE_TOO_LARGE)
     try:
@@ -251,7 +321,17 @@ def decode_artifact_wire(data: bytes) -> Artifact:
         raise InvalidArtifact(f"corrupt zstd frame: {exc}", Reason.WIRE_MALFORMED) from exc
     if len(raw) != size or rest.unused_data:
         raise InvalidArtifact("bytes after the zstd frame or size mismatch", Reason.TRAILING_BYTES)
-    return decode_artifact(raw)
+    return bytes(raw)
+
+
+def decode_artifact_wire(data: bytes) -> Artifact:
+    """Return the artifact in a wire payload (v1 or v2), or raise InvalidArtifact for anything non-canonical."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArtifact("wire payload must be bytes", Reason.WIRE_MALFORMED)
+    data = bytes(data)
+    if data[:1] == WIRE_V2:
+        return decode_columns(_decompress_frame(data[1:]))
+    return decode_artifact(_decompress_frame(data))
 
 
 def decode_header(raw: bytes) -> tuple[ArtifactHeader, int]:

@@ -6,7 +6,7 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.errors import InvalidArtifact, Reason
+from node.errors import InvalidArtifact, InvalidParams, Reason
 from node.executer.synthetic import SyntheticRequest, make_synthetic_artifact
 from node.protocol import artifact as A
 from node.protocol.hashing import keccak256
@@ -171,3 +171,41 @@ def test_positions_reject_ragged_or_out_of_range_columns():
     p = A.make_positions([1], [[1, 2]], [[2**32, 0]], [[0.0, 0.0]])
     with pytest.raises(InvalidArtifact):
         A.encode_leaves(p)
+
+
+def _with_outside_chosen() -> A.Artifact:
+    """Return a synthetic artifact whose position 1 chose a token that is none of its candidates."""
+    art = make_synthetic_artifact(SyntheticRequest(inference_id=4, user_seed=5, params=SamplingParams(0.9, 1.0, 0, 16),
+                                                   output_length=6, vocab_size=64), 0)
+    p = art.positions
+    chosen = p.chosen.copy()
+    chosen[1] = next(t for t in range(64) if t not in set(p.token_ids[1].tolist()))
+    return A.Artifact(art.header, A.make_positions(chosen, p.token_ids, p.weights, p.raw_logprobs))
+
+
+def test_wire_v2_round_trips_and_v1_stays_accepted(art):
+    for case in (art, _with_outside_chosen()):
+        v1, v2 = A.encode_artifact_wire(case, version=1), A.encode_artifact_wire(case)
+        assert v2[:1] == A.WIRE_V2 and v1[:1] != A.WIRE_V2  # v1 begins with zstd's magic
+        assert A.decode_artifact_wire(v1) == case and A.decode_artifact_wire(v2) == case
+    slots = A.compute_chosen_slots(_with_outside_chosen().positions)
+    assert slots[1] == 5 and (slots[[0, 2, 3, 4, 5]] < 5).all()  # K = 5: the explicit marker
+    with pytest.raises(InvalidParams):
+        A.encode_artifact_wire(art, version=3)
+
+
+def test_wire_v2_refuses_a_second_spelling_of_the_chosen_token(art):
+    columns = bytearray(A.encode_columns(art))
+    at = len(A.encode_header(art.header))
+    k = art.header.k
+    # the chosen token spelled explicitly although it is a candidate: same artifact, another spelling
+    n = art.header.output_length
+    explicit = bytes(columns[:at]) + bytes([k]) + bytes(columns[at + 1:at + n]) \
+        + int(art.positions.chosen[0]).to_bytes(4, "big") + bytes(columns[at + n:])
+    with pytest.raises(InvalidArtifact) as info:
+        A.decode_columns(explicit)
+    assert info.value.reason is Reason.NON_CANONICAL
+    columns[at] = k + 1  # a slot beyond the explicit marker
+    with pytest.raises(InvalidArtifact) as info:
+        A.decode_columns(bytes(columns))
+    assert info.value.reason is Reason.NON_CANONICAL

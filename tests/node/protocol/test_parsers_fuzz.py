@@ -27,7 +27,9 @@ FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCh
 ART = make_synthetic_artifact(SyntheticRequest(inference_id=1, user_seed=2, params=SamplingParams(0.8, 0.9, 0, 64),
                                                output_length=10), 0)
 RAW = A.encode_artifact(ART)
-WIRE = A.encode_artifact_wire(ART)
+WIRE = A.encode_artifact_wire(ART, version=1)
+COLUMNS = A.encode_columns(ART)
+WIRE2 = A.encode_artifact_wire(ART)  # v2: 0x02 ‖ zstd(columns)
 HEADER_LEN = len(A.encode_header(ART.header))
 LEAF = A.leaf_size(ART.header.k)
 HIDDEN = np.random.default_rng(3).standard_normal((4 + 40, 160)).astype(np.float32)
@@ -88,6 +90,35 @@ def test_forged_content_size_is_refused_before_allocating(size):
     if size > A.MAX_ARTIFACT_BYTES:  # zstd reserves the last two uint64 values for "unknown" and "error"
         assert got is (Reason.ARTIFACT_TOO_LARGE if size < 2**64 - 2 else Reason.WIRE_MALFORMED)
     assert time.perf_counter() - started < 0.5
+
+
+def frame_v2(columns: bytes) -> bytes:
+    """Return a well-formed v2 wire payload around any column content."""
+    return A.WIRE_V2 + zstandard.ZstdCompressor(write_content_size=True).compress(columns)
+
+
+def test_fixture_wire_v2_is_canonical():
+    assert WIRE2[:1] == A.WIRE_V2 and A.decode_artifact_wire(WIRE2) == ART
+    assert A.decode_artifact_wire(frame_v2(COLUMNS)) == ART  # any zstd spelling of the same content
+
+
+@FUZZ
+@given(st.data())
+def test_flipped_column_bytes_decode_to_their_one_spelling_or_are_refused(data):
+    blob = bytearray(COLUMNS)
+    for _ in range(data.draw(st.integers(1, 6))):
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= data.draw(st.integers(1, 255))
+    got = decode_wire_or_reason(frame_v2(bytes(blob)))
+    if isinstance(got, A.Artifact):
+        assert A.encode_columns(got) == bytes(blob)  # what decodes is the one canonical spelling of its artifact
+
+
+@FUZZ
+@given(st.integers(0, len(COLUMNS) - 1), st.binary(min_size=1, max_size=64))
+def test_truncated_or_extended_columns_are_refused(cut, tail):
+    assert isinstance(decode_wire_or_reason(frame_v2(COLUMNS[:cut])), Reason)
+    assert decode_wire_or_reason(frame_v2(COLUMNS + tail)) is Reason.TRAILING_BYTES
+    assert decode_wire_or_reason(WIRE2 + tail) is Reason.TRAILING_BYTES
 
 
 HEADER_FIELDS = {"temperature": 32, "top_p": 36, "top_k": 40, "max_tokens": 44, "k": 48, "prompt_length": 84,
