@@ -27,6 +27,7 @@ class ExecuterSettings:
     threads: int | None = None
     kv_cache: bool = True
     cache_dir: Path | None = None
+    workload_record: Path | None = None  # record every served inference there (node/workload); None: off
 
 
 def resolve_dtype(spec: ModelSpec, requested: str | None) -> str:
@@ -60,5 +61,14 @@ def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService, Path, Mo
     files = materialise_model(spec, settings.cache_dir)
     profile_path, profile = load_profile(spec)
     tokenizer = ModelTokenizer(files.path, spec.chat)
-    service = ExecuterService(files, tokenizer, load_engine(files, settings), profile.fingerprint_thresholds())
+    recorder = None
+    if settings.workload_record is not None:  # background mode: the serving thread only enqueues (≈0.1 ms)
+        from node.workload.model import Device
+        from node.workload.recorder import InferenceRecorder
+        from node.workload.store import WorkloadRecord
+
+        recorder = InferenceRecorder(WorkloadRecord.open(settings.workload_record), spec.name,
+                                     Device("executer/0", "localhost", settings.device, 0), background=True)
+    service = ExecuterService(files, tokenizer, load_engine(files, settings), profile.fingerprint_thresholds(),
+                              recorder=recorder)
     return service, profile_path, profile

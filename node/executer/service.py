@@ -12,10 +12,11 @@ import base64
 import hashlib
 import logging
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from node.checks.fingerprint import FingerprintDecision, FingerprintThresholds, decide_fingerprint
 from node.engines.base import Engine, Generation, GenerationRequest
@@ -70,6 +71,14 @@ class FingerprintReport:
     decision: FingerprintDecision
 
 
+class InferenceRecorder(Protocol):
+    """Optional hook that records each served inference (node.workload.recorder implements it)."""
+
+    def on_served(self, served: ServedInference, started_ns: int, ended_ns: int) -> str:
+        """Record one served inference; return its record id."""
+        ...
+
+
 def derive_inference_id(prompt_hash: bytes, user_seed: int, params: SamplingParams) -> int:
     """Return an off-chain inference id, a function of the request: the same request and seed, the same id.
 
@@ -86,8 +95,10 @@ class ExecuterService:
     """Generates verifiable inferences with one engine and keeps their payloads."""
 
     def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
-                 thresholds: FingerprintThresholds, keep: int = 10_000, gate: ChainGate | None = None) -> None:
+                 thresholds: FingerprintThresholds, keep: int = 10_000, gate: ChainGate | None = None,
+                 recorder: InferenceRecorder | None = None) -> None:
         self.files = files
+        self.recorder = recorder  # off by default: the workload record of every served inference
         self.gate = gate  # on a chain: requests checked against it, results committed to it
         self.tokenizer = tokenizer
         self.engine = engine
@@ -109,6 +120,7 @@ class ExecuterService:
         seed = secrets.randbits(64) if user_seed is None else user_seed
         iid = derive_inference_id(prompt_hash, seed, params) if inference_id is None else inference_id
         rs = run_seed(seed, iid)
+        started_ns = time.time_ns()
         gen = self.engine.generate([GenerationRequest(tuple(prompt_ids), params, rs, self.k,
                                                       frozenset(self.files.spec.stop_token_ids))])[0]
         header = ArtifactHeader(self.files.model_id, params.temperature_bits, params.top_p_bits, params.top_k,
@@ -119,6 +131,8 @@ class ExecuterService:
         if self.gate is not None:
             self.gate.commit(served, artifact.root)
         self._remember(served)
+        if self.recorder is not None:
+            self.recorder.on_served(served, started_ns, time.time_ns())
         log.info("inference served", extra={"inference_id": hex(iid), "tokens": len(gen.output_ids),
                                             "artifact_root": artifact.root.hex()})
         return served

@@ -1,0 +1,262 @@
+"""StableHLO graphs as records: parse with IREE's MLIR bindings, inspect, slice, annotate distribution.
+
+Op ids are positional (``op<i>``: the i-th operation of ``func.func @main``), so they are stable for a
+given MLIR text. Edges are SSA values: a graph input is its declared name (``TensorSpec.name``, argument
+i ↔ ``%arg<i>``); an internal edge is its SSA name (``%129``). Slicing works on the MLIR itself: it keeps
+the ops between two op sets, turns every value flowing in from outside into a new argument, pulls in
+the constants it needs, returns the chosen values, and re-parses the result so a slice is valid MLIR.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from iree.compiler import ir
+
+from node.workload.errors import InvalidObject, UnknownObject
+from node.workload.model import Collective, Distribution, Graph, OpInfo, TensorSpec
+
+ELEMENT_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
+                  "i32": "int32", "i16": "int16", "i8": "int8", "ui64": "uint64", "ui32": "uint32",
+                  "ui16": "uint16", "ui8": "uint8", "i1": "bool"}
+MLIR_ELEMENTS = {v: k for k, v in ELEMENT_DTYPES.items()}
+CONSTANT_OPS = frozenset({"stablehlo.constant", "arith.constant"})
+_TENSOR = re.compile(r"^tensor<((?:\d+x)*)([a-z0-9]+)>$")
+
+
+def parse_tensor_type(text: str) -> tuple[str, tuple[int, ...]]:
+    """Return (dtype, shape) of a static MLIR tensor type such as ``tensor<1x7x128xf32>``."""
+    match = _TENSOR.match(text.strip())
+    if match is None or match.group(2) not in ELEMENT_DTYPES:
+        raise InvalidObject(f"unsupported tensor type {text!r} (static shapes only)", obj=text)
+    dims = tuple(int(d) for d in match.group(1).split("x") if d)
+    return ELEMENT_DTYPES[match.group(2)], dims
+
+
+def format_tensor_type(dtype: str, shape: tuple[int, ...]) -> str:
+    """Return the MLIR tensor type for a dtype and shape."""
+    return "tensor<" + "".join(f"{d}x" for d in shape) + MLIR_ELEMENTS[dtype] + ">"
+
+
+@dataclass(frozen=True)
+class ParsedModule:
+    """What the record needs of one StableHLO module: its entry signature and its ops."""
+
+    arg_types: tuple[str, ...]
+    result_types: tuple[str, ...]
+    ops: tuple[OpInfo, ...]
+    op_text: tuple[str, ...]  # each op printed in the module's naming scope
+    returned: tuple[str, ...]  # SSA names returned by main
+    text: str  # the module as MLIR prints it (names renumbered): the canonical text of a graph
+
+
+def _main_function(module: ir.Module) -> ir.Operation:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and str(op.attributes["sym_name"]) == '"main"':
+            return op.operation
+    raise InvalidObject("module has no func.func @main", obj="mlir")
+
+
+def parse_module(text: str) -> ParsedModule:
+    """Parse StableHLO text and return main's signature and ops (raises InvalidObject on bad MLIR)."""
+    with ir.Context() as ctx:
+        ctx.allow_unregistered_dialects = False
+        try:
+            module = ir.Module.parse(text)
+        except ir.MLIRError as exc:
+            raise InvalidObject(f"MLIR does not parse: {str(exc)[:300]}", obj="mlir") from exc
+        main = _main_function(module)
+        block = main.regions[0].blocks[0]
+        arg_types = tuple(str(a.type) for a in block.arguments)
+        ops: list[OpInfo] = []
+        texts: list[str] = []
+        returned: tuple[str, ...] = ()
+        for i, op in enumerate(block.operations):
+            operation = op.operation
+            if operation.name == "func.return":
+                returned = tuple(v.get_name() for v in operation.operands)
+                result_types = tuple(str(v.type) for v in operation.operands)
+                continue
+            ops.append(OpInfo(f"op{i}", operation.name, tuple(v.get_name() for v in operation.operands),
+                              tuple(r.get_name() for r in operation.results),
+                              tuple(str(r.type) for r in operation.results)))
+            texts.append(operation.get_asm(use_local_scope=False))
+        printed = str(module)
+    return ParsedModule(arg_types, result_types, tuple(ops), tuple(texts), returned, printed)
+
+
+def compute_mlir_bytecode(text: str) -> bytes:
+    """Return the module as MLIR bytecode (the record keeps text and bytecode)."""
+    with ir.Context():
+        module = ir.Module.parse(text)
+        out = io.BytesIO()
+        module.operation.write_bytecode(out)
+    return out.getvalue()
+
+
+def build_graph(text: str, *, kind: str, name: str, input_names: list[str], input_roles: list[str],
+                output_names: list[str], parent_id: str | None = None,
+                distribution: Distribution | None = None, attrs: tuple[tuple[str, str], ...] = ()) -> Graph:
+    """Return a Graph for StableHLO text, with its edges named and typed from the module itself."""
+    parsed = parse_module(text)
+    if len(input_names) != len(parsed.arg_types) or len(input_roles) != len(input_names):
+        raise InvalidObject(f"{len(input_names)} input names for {len(parsed.arg_types)} arguments", obj=name)
+    if len(output_names) != len(parsed.result_types):
+        raise InvalidObject(f"{len(output_names)} output names for {len(parsed.result_types)} results", obj=name)
+    inputs = tuple(TensorSpec(n, *parse_tensor_type(t), role)
+                   for n, t, role in zip(input_names, parsed.arg_types, input_roles, strict=True))
+    outputs = tuple(TensorSpec(n, *parse_tensor_type(t), "output")
+                    for n, t in zip(output_names, parsed.result_types, strict=True))
+    return Graph(kind, name, parsed.text, inputs, outputs, parsed.ops, parent_id, distribution, attrs)
+
+
+def compute_value_specs(graph: Graph) -> dict[str, TensorSpec]:
+    """Return every edge of a graph by binding name: inputs by name, internal values by SSA name."""
+    specs = {s.name: s for s in graph.inputs}
+    output_of = {v: s for v, s in zip(parse_module(graph.mlir).returned, graph.outputs, strict=True)}
+    for op in graph.ops:
+        for value, type_text in zip(op.results, op.result_types, strict=True):
+            dtype, shape = parse_tensor_type(type_text)
+            specs[value] = TensorSpec(value, dtype, shape, "output" if value in output_of else "activation")
+    specs.update({s.name: s for s in graph.outputs})
+    return specs
+
+
+def compute_dependencies(graph: Graph) -> dict[str, set[str]]:
+    """Return, for every op id, the ids of the ops whose results it uses."""
+    producer = {value: op.op_id for op in graph.ops for value in op.results}
+    return {op.op_id: {producer[v] for v in op.operands if v in producer} for op in graph.ops}
+
+
+def compute_reachable(start: Iterable[str], edges: dict[str, set[str]]) -> set[str]:
+    """Return the nodes reachable from start (inclusive) along edges."""
+    seen, stack = set(start), list(start)
+    while stack:
+        for nxt in edges.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def compute_ops_between(graph: Graph, from_ops: Iterable[str], to_ops: Iterable[str]) -> list[str]:
+    """Return, in program order, the ops downstream of from_ops and upstream of to_ops (both inclusive)."""
+    deps = compute_dependencies(graph)
+    users: dict[str, set[str]] = {op_id: set() for op_id in deps}
+    for op_id, used in deps.items():
+        for u in used:
+            users[u].add(op_id)
+    start, end = list(from_ops), list(to_ops)
+    for op_id in start + end:
+        if op_id not in deps:
+            raise UnknownObject(f"no op {op_id!r} in the graph", obj=graph.graph_id)
+    keep = compute_reachable(start, users) & compute_reachable(end, deps)
+    return [op.op_id for op in graph.ops if op.op_id in keep]
+
+
+def compute_ops_upstream(graph: Graph, to_ops: Iterable[str]) -> list[str]:
+    """Return, in program order, every op that to_ops depend on (inclusive): a slice fed by graph inputs only."""
+    deps = compute_dependencies(graph)
+    end = list(to_ops)
+    for op_id in end:
+        if op_id not in deps:
+            raise UnknownObject(f"no op {op_id!r} in the graph", obj=graph.graph_id)
+    keep = compute_reachable(end, deps)
+    return [op.op_id for op in graph.ops if op.op_id in keep]
+
+
+def compute_slice(graph: Graph, op_ids: Iterable[str], outputs: Iterable[str] | None = None,
+                  name: str | None = None) -> Graph:
+    """Return the subgraph of the given ops as a standalone logical graph linked to its source.
+
+    Values flowing in from outside become arguments (graph inputs keep their names and roles; cut
+    internal edges are named by SSA name, role "activation"); constants are copied in. ``outputs``
+    are SSA names to return (default: the results of the last kept op).
+    """
+    parsed = parse_module(graph.mlir)
+    index = {op.op_id: i for i, op in enumerate(parsed.ops)}
+    wanted = set(op_ids)
+    unknown = wanted - set(index)
+    if unknown:
+        raise UnknownObject(f"ops not in the graph: {sorted(unknown)[:5]}", obj=graph.graph_id)
+    producer = {value: op.op_id for op in parsed.ops for value in op.results}
+    kept = {op_id for op_id in wanted}
+    kept |= {producer[v] for op_id in wanted for v in parsed.ops[index[op_id]].operands
+             if v in producer and parsed.ops[index[producer[v]]].name in CONSTANT_OPS}
+    ordered = sorted(kept, key=index.__getitem__)
+    defined = {v for op_id in ordered for v in parsed.ops[index[op_id]].results}
+    arg_name = {f"%arg{i}": spec for i, spec in enumerate(graph.inputs)}
+    types = {f"%arg{i}": t for i, t in enumerate(parsed.arg_types)}
+    types.update({v: t for op in parsed.ops for v, t in zip(op.results, op.result_types, strict=True)})
+    cut: list[str] = []
+    for op_id in ordered:
+        for v in parsed.ops[index[op_id]].operands:
+            if v not in defined and v not in cut:
+                cut.append(v)
+    returned = list(outputs) if outputs is not None else list(parsed.ops[index[ordered[-1]]].results)
+    for v in returned:
+        if v not in defined and v not in cut:
+            raise UnknownObject(f"output {v!r} is not computed by the slice", obj=graph.graph_id)
+    body = "\n".join("    " + parsed.op_text[index[op_id]] for op_id in ordered)
+    args = ", ".join(f"{v}: {types[v]}" for v in cut)
+    ret_types = ", ".join(types[v] for v in returned)
+    text = (f"module {{\n  func.func @main({args}) -> ({ret_types}) {{\n{body}\n"
+            f"    return {', '.join(returned)} : {ret_types}\n  }}\n}}\n")
+    names = [arg_name[v].name if v in arg_name else v for v in cut]
+    roles = [arg_name[v].role if v in arg_name else "activation" for v in cut]
+    return build_graph(text, kind="logical", name=name or f"{graph.name}[slice]", input_names=names,
+                       input_roles=roles, output_names=returned, parent_id=graph.graph_id,
+                       attrs=(("slice_of", graph.graph_id), ("ops", ",".join(ordered))))
+
+
+def compute_all_reduce_graph(logical: Graph, output_names: list[str], replica_groups: tuple[tuple[int, ...], ...],
+                             device_ids: tuple[str, ...], name: str | None = None) -> Graph:
+    """Return the distributed graph of data-parallel replicas: the named outputs all-reduced (summed).
+
+    Each named output (a gradient) is passed through a ``stablehlo.all_reduce`` with the replica
+    groups, and the function returns the reduced values in its place.
+    """
+    parsed = parse_module(logical.mlir)
+    by_name = {s.name: v for s, v in zip(logical.outputs, parsed.returned, strict=True)}
+    unknown = sorted(set(output_names) - set(by_name))
+    if unknown:
+        raise UnknownObject(f"not outputs of the graph: {unknown}", obj=logical.graph_id)
+    values = [by_name[n] for n in output_names]
+    types = dict(zip(parsed.returned, parsed.result_types, strict=True))
+    groups = ", ".join("[" + ", ".join(str(r) for r in g) + "]" for g in replica_groups)
+    width = len(replica_groups[0]) if replica_groups else 0
+    lines, reduced = [], {}
+    for i, v in enumerate(values):
+        dtype, _ = parse_tensor_type(types[v])
+        scalar = f"tensor<{MLIR_ELEMENTS[dtype]}>"
+        out = f"%allreduce{i}"
+        reduced[v] = out
+        lines.append(
+            f'    {out} = "stablehlo.all_reduce"({v}) ({{\n'
+            f"    ^bb0(%lhs{i}: {scalar}, %rhs{i}: {scalar}):\n"
+            f"      %sum{i} = stablehlo.add %lhs{i}, %rhs{i} : {scalar}\n"
+            f"      stablehlo.return %sum{i} : {scalar}\n"
+            f"    }}) {{channel_handle = #stablehlo.channel_handle<handle = {i + 1}, type = 1>,"
+            f" replica_groups = dense<[{groups}]> : tensor<{len(replica_groups)}x{width}xi64>,"
+            f" use_global_device_ids}} : ({types[v]}) -> {types[v]}")
+    ret = [reduced.get(v, v) for v in parsed.returned]
+    text = _replace_body(logical.mlir, "\n".join(lines), ret, parsed.result_types)
+    draft = build_graph(text, kind="logical", name="draft", input_names=[s.name for s in logical.inputs],
+                        input_roles=[s.role for s in logical.inputs], output_names=[s.name for s in logical.outputs])
+    reducers = [op.op_id for op in draft.ops if op.name == "stablehlo.all_reduce"]
+    collectives = tuple(Collective(op_id, "all_reduce", n, replica_groups)
+                        for op_id, n in zip(reducers, output_names, strict=True))
+    distribution = Distribution(device_ids, replication=len(device_ids), collectives=collectives)
+    return Graph("distributed", name or f"{logical.name}[dp{len(device_ids)}]", draft.mlir, draft.inputs,
+                 draft.outputs, draft.ops, logical.graph_id, distribution)
+
+
+def _replace_body(text: str, extra: str, returned: list[str], types: tuple[str, ...]) -> str:
+    """Return main with extra lines inserted before a return of the given values."""
+    start = text.rindex("return ")
+    head, tail = text[:start], text[start:]
+    tail = tail[tail.index("\n"):]
+    return f"{head.rstrip()}\n{extra}\n    return {', '.join(returned)} : {', '.join(types)}{tail}"

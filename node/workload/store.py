@@ -1,0 +1,466 @@
+"""The workload record on disk: a LevelDB index (plyvel) and content-addressed blobs beside it.
+
+Layout of a record directory::
+
+  index/                       LevelDB; every value is ``sha256(body) hex ‖ body`` (body = canonical JSON)
+    device/<id>                Device
+    link/<a|b>                 Link (unordered pair)
+    tensor/<sha256>            {dtype, shape, size}: the content of one tensor blob
+    ref/<trace>\\0<event>\\0<name>  TensorRef: a tensor's role and the event that emitted it
+    graph/<graph id>           Graph without its MLIR text + ``mlir_sha256`` (the text is a blob)
+    gtrace/<graph id>\\0<trace>  empty: graph → its traces (\\0 separates: ids may contain "/")
+    trace/<id>                 Trace
+    binding/<graph id>\\0<name>  Binding (edge → TensorRef)
+    vmfb/<graph id>\\0<target>  {sha256}: an IREE module compiled from the graph (a cache)
+  blobs/<ab>/<sha256>.safetensors   one tensor ("data"), addressed by its canonical digest
+  blobs/<ab>/<sha256>.bin           other bytes (MLIR text, vmfb), addressed by sha256 of the bytes
+
+One process writes (LevelDB's LOCK); readers open ``readonly=True``, which reads a private snapshot of
+the index (a copy of its files) so that they never take the writer's lock. Nothing is overwritten:
+an id stored again with different content raises ConflictingObject; a blob is written to a temporary
+file, fsynced and renamed, and its index entry only then. Every read re-verifies checksums and
+content addresses and raises a typed error that names the object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import ml_dtypes
+import numpy as np
+import plyvel
+import safetensors
+import safetensors.numpy
+
+from node.workload.bind import Binding, verify_binding
+from node.workload.errors import (
+    ConflictingObject,
+    CorruptedEntry,
+    InvalidObject,
+    RecordLocked,
+    TamperedTensor,
+    TruncatedBlob,
+    UnknownObject,
+    WorkloadError,
+)
+from node.workload.graph import compute_mlir_bytecode, parse_module
+from node.workload.model import (
+    Device,
+    Graph,
+    Link,
+    TensorRef,
+    Trace,
+    compute_canonical_json,
+    compute_tensor_digest,
+    device_from_json,
+    graph_from_json,
+    link_from_json,
+    tensor_ref_from_json,
+    to_json,
+    trace_from_json,
+    verify_trace_refs,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32",
+                      "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+FROM_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+
+def get_numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """Return the numpy dtype for a record dtype name (bfloat16 through ml_dtypes)."""
+    if dtype == "bfloat16":
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
+    return np.dtype(dtype)
+
+
+def to_canonical_array(array: np.ndarray[Any, Any] | torch.Tensor) -> np.ndarray[Any, Any]:
+    """Return a C-contiguous little-endian numpy copy of a numpy array or torch tensor."""
+    if hasattr(array, "detach"):
+        import torch
+
+        t = array.detach().to("cpu").contiguous()
+        if t.dtype == torch.bfloat16:
+            return np.asarray(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16), order="C")
+        array = t.numpy()
+    arr = np.asarray(array)
+    if arr.dtype.name not in SAFETENSORS_DTYPES:
+        raise InvalidObject(f"unsupported dtype {arr.dtype}", obj="tensor")
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.asarray(arr, order="C")  # (np.ascontiguousarray turns a 0-d array into 1-d)
+
+
+def encode_safetensors(arr: np.ndarray[Any, Any], digest: str) -> bytes:
+    """Return one tensor as safetensors bytes with its digest in the metadata."""
+    meta = {"sha256": digest, "format": "verinfer-tensor-v1"}
+    if arr.dtype.name == "bfloat16":
+        import torch
+        from safetensors.torch import save as save_torch
+
+        t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+        return bytes(save_torch({"data": t}, metadata=meta))
+    return bytes(safetensors.numpy.save({"data": arr}, metadata=meta))
+
+
+class WorkloadRecord:
+    """A workload record directory; one writer process, any number of snapshot readers."""
+
+    def __init__(self, root: Path, db: Any, readonly: bool, snapshot: Path | None) -> None:
+        self.root = root
+        self.readonly = readonly
+        self._db = db
+        self._snapshot = snapshot
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, path: Path, *, readonly: bool = False) -> WorkloadRecord:
+        """Open (or, for the writer, create) the record at path."""
+        path = Path(path)
+        index = path / "index"
+        if readonly:
+            if not (index / "CURRENT").exists():
+                raise UnknownObject("no workload record here", obj=str(path))
+            snapshot = Path(tempfile.mkdtemp(prefix="workload-snapshot-"))
+            shutil.copytree(index, snapshot / "index", ignore=shutil.ignore_patterns("LOCK"))
+            try:
+                db = plyvel.DB(str(snapshot / "index"), create_if_missing=False)
+            except plyvel.Error as exc:
+                shutil.rmtree(snapshot, ignore_errors=True)
+                raise CorruptedEntry(f"index does not open ({exc})", obj=str(index)) from exc
+            return cls(path, db, True, snapshot)
+        (path / "blobs").mkdir(parents=True, exist_ok=True)
+        try:
+            db = plyvel.DB(str(index), create_if_missing=True)
+        except plyvel.IOError as exc:
+            raise RecordLocked(f"{path} is being written by another process ({exc})") from exc
+        except plyvel.Error as exc:
+            raise CorruptedEntry(f"index does not open ({exc})", obj=str(index)) from exc
+        return cls(path, db, False, None)
+
+    def close(self) -> None:
+        """Close the index (and drop a reader's snapshot)."""
+        with self._lock:
+            if not self._db.closed:
+                self._db.close()
+            if self._snapshot is not None:
+                shutil.rmtree(self._snapshot, ignore_errors=True)
+
+    def __enter__(self) -> WorkloadRecord:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- index entries ----------------------------------------------------------------------------
+
+    def _get(self, key: str) -> Any | None:
+        with self._lock:
+            if self._db.closed:
+                raise WorkloadError("the record is closed", obj=str(self.root))
+            raw = self._db.get(key.encode())
+        if raw is None:
+            return None
+        return decode_entry(key, raw)
+
+    def _require(self, key: str, what: str) -> Any:
+        value = self._get(key)
+        if value is None:
+            raise UnknownObject(f"no {what} in the record", obj=display_key(key.split("/", 1)[1]))
+        return value
+
+    def _scan(self, prefix: str) -> list[tuple[str, Any]]:
+        with self._lock:
+            items = list(self._db.iterator(prefix=prefix.encode()))
+        return [(k.decode(), decode_entry(k.decode(), v)) for k, v in items]
+
+    def _put_new(self, entries: dict[str, Any]) -> None:
+        """Write entries in one synced batch; an existing key with other content raises ConflictingObject."""
+        if self.readonly:
+            raise WorkloadError("the record is open read-only", obj=str(self.root))
+        with self._lock:
+            fresh: dict[str, Any] = {}
+            for key, value in entries.items():
+                existing = self._get(key)
+                if existing is None:
+                    fresh[key] = value
+                elif compute_canonical_json(existing) != compute_canonical_json(value):
+                    raise ConflictingObject("already recorded with different content", obj=display_key(key))
+            with self._db.write_batch(sync=True) as batch:
+                for key, value in fresh.items():
+                    batch.put(key.encode(), encode_entry(value))
+
+    # ---- devices ---------------------------------------------------------------------------------
+
+    def put_device(self, device: Device) -> None:
+        """Register a device (identical re-registration is a no-op)."""
+        self._put_new({f"device/{device.device_id}": to_json(device)})
+
+    def get_device(self, device_id: str) -> Device:
+        """Return a registered device."""
+        return parse_entry(f"device/{device_id}", self._require(f"device/{device_id}", "device"), device_from_json)
+
+    def devices(self) -> list[Device]:
+        """Return every registered device."""
+        return [parse_entry(k, v, device_from_json) for k, v in self._scan("device/")]
+
+    def put_link(self, link: Link) -> None:
+        """Register a link; both ends must be registered devices."""
+        for end in (link.a, link.b):
+            self.get_device(end)
+        self._put_new({f"link/{link.link_id}": to_json(link)})
+
+    def links(self) -> list[Link]:
+        """Return every registered link."""
+        return [parse_entry(k, v, link_from_json) for k, v in self._scan("link/")]
+
+    # ---- blobs -----------------------------------------------------------------------------------
+
+    def _blob_path(self, sha: str, suffix: str) -> Path:
+        return self.root / "blobs" / sha[:2] / f"{sha}{suffix}"
+
+    def _write_blob(self, path: Path, data: bytes) -> None:
+        """Write a blob atomically (temp file, fsync, rename); an existing blob is never replaced."""
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _read_blob(self, path: Path, obj: str, size: int | None) -> bytes:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise UnknownObject("blob missing from the record", obj=obj) from exc
+        if size is not None and len(data) < size:
+            raise TruncatedBlob(f"blob has {len(data)} of {size} bytes", obj=obj)
+        if size is not None and len(data) > size:
+            raise TamperedTensor(f"blob has {len(data)} bytes, {size} recorded", obj=obj)
+        return data
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store opaque bytes (MLIR text, a compiled module); return their sha256."""
+        if self.readonly:
+            raise WorkloadError("the record is open read-only", obj=str(self.root))
+        sha = hashlib.sha256(data).hexdigest()
+        self._write_blob(self._blob_path(sha, ".bin"), data)
+        self._put_new({f"bytes/{sha}": {"size": len(data)}})
+        return sha
+
+    def get_bytes(self, sha: str) -> bytes:
+        """Return stored bytes, re-verified against their sha256."""
+        meta = self._require(f"bytes/{sha}", "blob")
+        data = self._read_blob(self._blob_path(sha, ".bin"), sha, int(meta["size"]))
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise TamperedTensor("blob bytes do not hash to their address", obj=sha)
+        return data
+
+    # ---- tensors ---------------------------------------------------------------------------------
+
+    def put_tensor(self, array: np.ndarray[Any, Any] | torch.Tensor, *, role: str, name: str,
+                   event_id: str | None = None, trace_id: str | None = None) -> TensorRef:
+        """Store a tensor content-addressed and record what it was; return its reference."""
+        arr = to_canonical_array(array)
+        dtype = arr.dtype.name
+        digest = compute_tensor_digest(dtype, tuple(arr.shape), arr.tobytes())
+        ref = TensorRef(digest, dtype, tuple(int(d) for d in arr.shape), role, name, event_id, trace_id)
+        blob = encode_safetensors(arr, digest)
+        if self.readonly:
+            raise WorkloadError("the record is open read-only", obj=str(self.root))
+        self._write_blob(self._blob_path(digest, ".safetensors"), blob)
+        self._put_new({
+            f"tensor/{digest}": {"dtype": dtype, "shape": list(ref.shape), "size": len(blob)},
+            ref_key(ref): to_json(ref),
+        })
+        return ref
+
+    def get_tensor(self, ref_or_sha: TensorRef | str) -> np.ndarray[Any, Any]:
+        """Return a tensor by reference or digest, re-verifying its digest on read."""
+        sha = ref_or_sha.sha256 if isinstance(ref_or_sha, TensorRef) else ref_or_sha
+        meta = self._require(f"tensor/{sha}", "tensor")
+        blob = self._read_blob(self._blob_path(sha, ".safetensors"), sha, int(meta["size"]))
+        try:
+            items = safetensors.deserialize(blob)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # safetensors raises its own error type for any malformed byte
+            raise TruncatedBlob(f"not a readable safetensors blob ({exc})", obj=sha) from exc
+        if len(items) != 1 or items[0][0] != "data":
+            raise TamperedTensor("blob does not hold exactly one tensor 'data'", obj=sha)
+        info = items[0][1]
+        dtype = FROM_SAFETENSORS.get(str(info["dtype"]), "?")
+        shape = tuple(int(d) for d in info["shape"])
+        data = bytes(info["data"])
+        if compute_tensor_digest(dtype, shape, data) != sha or dtype != meta["dtype"]:
+            raise TamperedTensor("tensor bytes do not hash to their address", obj=sha)
+        return np.frombuffer(data, dtype=get_numpy_dtype(dtype)).reshape(shape).copy()
+
+    def tensor_refs(self) -> list[TensorRef]:
+        """Return every recorded tensor reference."""
+        return [parse_entry(k, v, tensor_ref_from_json) for k, v in self._scan("ref/")]
+
+    # ---- graphs ----------------------------------------------------------------------------------
+
+    def put_graph(self, graph: Graph) -> str:
+        """Record a graph (its parent and its devices must be recorded first); return its id."""
+        if parse_module(graph.mlir).ops != graph.ops:
+            raise InvalidObject("the op list does not match the MLIR", obj=graph.graph_id)
+        if graph.parent_id is not None:
+            self.get_graph_entry(graph.parent_id)
+        if graph.distribution is not None:
+            for device_id in graph.distribution.device_ids:
+                self.get_device(device_id)
+        entry = to_json(graph)
+        entry["mlir_sha256"] = self.put_bytes(graph.mlir.encode())
+        entry["mlir_bytecode_sha256"] = self.put_bytes(compute_mlir_bytecode(graph.mlir))
+        del entry["mlir"]
+        existing = self._get(f"graph/{graph.graph_id}")
+        if existing is not None:
+            return graph.graph_id  # same identity; the first name and attrs stay
+        self._put_new({f"graph/{graph.graph_id}": entry})
+        return graph.graph_id
+
+    def get_graph_entry(self, graph_id: str) -> dict[str, Any]:
+        """Return a graph's index entry (everything but the MLIR text)."""
+        entry: dict[str, Any] = self._require(f"graph/{graph_id}", "graph")
+        return entry
+
+    def get_graph(self, graph_id: str) -> Graph:
+        """Return a graph, re-verifying that its content still has its id."""
+        entry = dict(self.get_graph_entry(graph_id))
+        if not isinstance(entry.get("mlir_sha256"), str):
+            raise CorruptedEntry("graph entry has no MLIR reference", obj=f"graph/{graph_id}")
+        entry["mlir"] = self.get_bytes(entry.pop("mlir_sha256")).decode()
+        entry.pop("mlir_bytecode_sha256", None)
+        graph = parse_entry(f"graph/{graph_id}", entry, graph_from_json)
+        if graph.graph_id != graph_id:
+            raise CorruptedEntry("graph content does not match its id", obj=graph_id)
+        if parse_module(graph.mlir).ops != graph.ops:  # the op list (not in the id) must be the MLIR's own
+            raise CorruptedEntry("graph op list does not match its MLIR", obj=graph_id)
+        return graph
+
+    def graph_entries(self) -> list[dict[str, Any]]:
+        """Return every graph's index entry."""
+        return [v for _, v in self._scan("graph/")]
+
+    def put_compiled(self, graph_id: str, target: str, module: bytes) -> None:
+        """Cache a compiled module for a recorded graph."""
+        self.get_graph_entry(graph_id)
+        sha = self.put_bytes(module)
+        self._put_new({f"vmfb/{graph_id}\0{target}": {"sha256": sha}})
+
+    def get_compiled(self, graph_id: str, target: str) -> bytes | None:
+        """Return a cached compiled module, or None."""
+        entry = self._get(f"vmfb/{graph_id}\0{target}")
+        return None if entry is None else self.get_bytes(str(entry["sha256"]))
+
+    # ---- bindings --------------------------------------------------------------------------------
+
+    def put_binding(self, binding: Binding) -> None:
+        """Record a binding (its graph and every bound tensor must be recorded; checked against the graph)."""
+        graph = self.get_graph(binding.graph_id)
+        for _, ref in binding.values:
+            self._require(f"tensor/{ref.sha256}", "tensor")
+        verify_binding(graph, binding.as_dict())
+        self._put_new({f"binding/{binding.graph_id}\0{binding.name}": to_json(binding)})
+
+    def get_binding(self, graph_id: str, name: str) -> Binding:
+        """Return a recorded binding."""
+        key = f"binding/{graph_id}\0{name}"
+        return parse_entry(key, self._require(key, "binding"), binding_from_json)
+
+    def bindings_of_graph(self, graph_id: str) -> list[Binding]:
+        """Return every binding recorded for a graph."""
+        return [parse_entry(k, v, binding_from_json) for k, v in self._scan(f"binding/{graph_id}\0")]
+
+    # ---- traces ----------------------------------------------------------------------------------
+
+    def put_trace(self, trace: Trace) -> None:
+        """Record a trace; every event's device must be registered, and its ops in the graph if recorded."""
+        device_ids = {d.device_id for d in self.devices()}
+        graph_entry = self._get(f"graph/{trace.graph_id}")
+        op_ids = None if graph_entry is None else {str(op["op_id"]) for op in graph_entry["ops"]}
+        verify_trace_refs(trace, device_ids, op_ids)
+        self._put_new({f"trace/{trace.trace_id}": to_json(trace), f"gtrace/{trace.graph_id}\0{trace.trace_id}": {}})
+
+    def get_trace(self, trace_id: str) -> Trace:
+        """Return a recorded trace."""
+        return parse_entry(f"trace/{trace_id}", self._require(f"trace/{trace_id}", "trace"), trace_from_json)
+
+    def traces(self) -> list[Trace]:
+        """Return every recorded trace."""
+        return [parse_entry(k, v, trace_from_json) for k, v in self._scan("trace/")]
+
+    def trace_ids_of_graph(self, graph_id: str) -> list[str]:
+        """Return the ids of the traces that executed a graph."""
+        prefix = f"gtrace/{graph_id}\0"
+        return [k[len(prefix):] for k, _ in self._scan(prefix)]
+
+
+def binding_from_json(d: dict[str, Any]) -> Binding:
+    """Return a Binding from its JSON dict."""
+    return Binding(d["graph_id"], d["name"], tuple((str(e), tensor_ref_from_json(r)) for e, r in d["values"]))
+
+
+def ref_key(ref: TensorRef) -> str:
+    """Return the index key of a tensor reference."""
+    return f"ref/{ref.trace_id or ''}\0{ref.event_id or ''}\0{ref.name}"
+
+
+def display_key(key: str) -> str:
+    """Return an index key as printed in errors (the NUL separators shown as '/')."""
+    return key.replace("\0", "/")
+
+
+def encode_entry(value: Any) -> bytes:
+    """Return an index value: hex sha256 of the canonical body, then the body."""
+    body = compute_canonical_json(value)
+    return hashlib.sha256(body).hexdigest().encode() + body
+
+
+def decode_entry(key: str, raw: bytes) -> Any:
+    """Return an index value's body, or raise CorruptedEntry naming the key."""
+    check, body = raw[:64], raw[64:]
+    if len(raw) < 64 or hashlib.sha256(body).hexdigest().encode() != check:
+        raise CorruptedEntry("index entry fails its checksum", obj=display_key(key))
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise CorruptedEntry(f"index entry is not JSON ({exc})", obj=display_key(key)) from exc
+
+
+T = TypeVar("T")
+
+
+def parse_entry(key: str, value: Any, parse: Callable[[Any], T]) -> T:
+    """Return parse(value), translating structural errors into CorruptedEntry naming the key."""
+    try:
+        return parse(value)
+    except WorkloadError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptedEntry(f"index entry has the wrong structure ({exc!r})", obj=display_key(key)) from exc
+
+
+__all__ = ["WorkloadRecord"]
