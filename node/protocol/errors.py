@@ -86,6 +86,33 @@ class Reason(IntEnum):
     CHAIN_UNAVAILABLE = 605
     TX_FAILED = 606
 
+    # 7xx: training verification (node.protocol.ledger.TrainingReason has the same codes; Training.sol verdicts)
+    LEDGER_NOT_CHAINED = 700
+    LEDGER_STEP_GAP = 701
+    LEDGER_MALFORMED = 702
+    CHECKPOINT_SHAPE = 703
+    CHECKPOINT_DTYPE = 704
+    CHECKPOINT_NON_FINITE = 705
+    CHECKPOINT_POSITIONS = 706
+    BATCH_ROOT_MISMATCH = 707
+    NONCE_REPLAYED = 708
+    RECOMPUTE_MISMATCH = 709
+    LSH_MISMATCH = 710
+    INIT_DISTRIBUTION = 711
+    LATE_RESPONSE = 712
+    DATA_UNDECLARED = 713
+    CHECKPOINT_MISSING = 714
+
+    # 8xx: memory spot checks (a window verdict's reason; node.spotcheck.onchain.SpotReason has the same codes)
+    SPOT_WRONG_LABELS = 800
+    SPOT_WRONG_STATE = 801
+    SPOT_STALE_STATE = 802
+    SPOT_UNKNOWN_STEP = 803
+    SPOT_CAPACITY = 804
+    SPOT_LATE = 805
+    SPOT_MISSING = 806
+    SPOT_TOO_FEW_CHALLENGES = 807
+
 
 class VerinferError(Exception):
     """Root of every error verinfer raises on purpose."""

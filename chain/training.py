@@ -1,0 +1,238 @@
+"""Typed client for the Training contract (contracts/src/Training.sol): runs, anchors, audit draws, verdicts.
+
+The ABI and bytecode come from the committed artifact chain/artifacts/Training.json when it exists;
+until it is generated (chain.compile) they are compiled once from contracts/src with the pinned
+solc-js and cached by the source's sha256 under $VERINFER_CACHE/artifacts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from eth_account.messages import encode_typed_data
+from eth_account.signers.local import LocalAccount
+from eth_utils.crypto import keccak
+from web3 import Web3
+from web3.types import TxReceipt
+
+from chain.contracts import decode_revert, send, translate_error
+from chain.errors import ChainError, ContractReverted
+
+ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "Training.json"
+SOURCE = Path(__file__).resolve().parents[1] / "contracts" / "src" / "Training.sol"
+VERDICT_FIELDS = [{"name": "runId", "type": "bytes32"}, {"name": "step", "type": "uint64"},
+                  {"name": "anchorHead", "type": "bytes32"}, {"name": "valid", "type": "bool"},
+                  {"name": "reason", "type": "uint16"}]
+
+
+@cache
+def load_training_artifact() -> dict[str, Any]:
+    """Return the Training contract's ABI and bytecode (committed, else compiled once and cached)."""
+    if ARTIFACT.exists():
+        committed: dict[str, Any] = json.loads(ARTIFACT.read_text())
+        return committed
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    cache_dir = Path(os.environ.get("VERINFER_CACHE", Path.home() / ".cache" / "verinfer")) / "artifacts"
+    cached = cache_dir / f"Training-{digest}.json"
+    if cached.exists():
+        artifact: dict[str, Any] = json.loads(cached.read_text())
+        return artifact
+    from chain.compile import build_input, run_solc
+
+    standard = build_input()
+    standard["sources"] = {k: v for k, v in standard["sources"].items() if k.endswith("Training.sol")}
+    out = run_solc(standard)
+    c = next(v["Training"] for k, v in out["contracts"].items() if k.endswith("Training.sol"))
+    artifact = {"abi": c["abi"], "bytecode": "0x" + c["evm"]["bytecode"]["object"]}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(artifact))
+    os.replace(tmp, cached)
+    return artifact
+
+
+@cache
+def _training_errors() -> dict[bytes, str]:
+    return {keccak(text=f"{e['name']}({','.join(i['type'] for i in e['inputs'])})")[:4]: e["name"]
+            for e in load_training_artifact()["abi"] if e["type"] == "error"}
+
+
+def _translate(exc: BaseException) -> ChainError:
+    err = translate_error(exc)
+    if isinstance(err, ContractReverted) and err.error == "UnknownError":
+        raw = bytes.fromhex(err.data[2:]) if err.data.startswith("0x") else b""
+        name = _training_errors().get(raw[:4])
+        if name:
+            return ContractReverted(name, (), err.data)
+    return err
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run as stored on chain (Training.Run)."""
+
+    prover: str
+    bond: int
+    data_root: bytes
+    procedure_hash: bytes
+    audit_rate_wad: int
+    last_step: int
+    anchor_every: int
+    anchors: int
+    finished_block: int
+    init_strategy: int
+    slashed: bool
+
+
+@dataclass(frozen=True)
+class AnchorRecord:
+    """One anchored window (Training.Anchor)."""
+
+    first_step: int
+    last_step: int
+    block_number: int
+    head: bytes
+
+
+@dataclass(frozen=True)
+class TrainingDeployConfig:
+    """Constructor parameters of Training."""
+
+    hub: str
+    treasury: str
+    min_bond: int = 10**18
+    min_verdict_weight: int = 10**18
+    verdict_window: int = 100
+
+
+class TrainingContract:
+    """The Training contract at one address, driven by locally held keys."""
+
+    def __init__(self, w3: Web3, address: str) -> None:
+        self.w3 = w3
+        self.address = Web3.to_checksum_address(address)
+        self.contract = w3.eth.contract(address=self.address, abi=load_training_artifact()["abi"])
+
+    @classmethod
+    def deploy(cls, w3: Web3, account: LocalAccount, cfg: TrainingDeployConfig) -> tuple[TrainingContract, TxReceipt]:
+        """Deploy a Training contract reading validator weights from the hub at cfg.hub."""
+        art = load_training_artifact()
+        factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
+        try:
+            receipt = send(w3, account, factory.constructor(Web3.to_checksum_address(cfg.hub),
+                                                            Web3.to_checksum_address(cfg.treasury), cfg.min_bond,
+                                                            cfg.min_verdict_weight, cfg.verdict_window))
+        except ChainError as exc:
+            raise _translate(exc) from exc
+        return cls(w3, str(receipt["contractAddress"])), receipt
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call a view; reverts raise ContractReverted with the contract's error name."""
+        try:
+            return getattr(self.contract.functions, name)(*args).call()
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+
+    def transact(self, account: LocalAccount, name: str, *args: Any, value: int = 0) -> TxReceipt:
+        """Sign and send a transaction and wait for its receipt."""
+        try:
+            return send(self.w3, account, getattr(self.contract.functions, name)(*args), value=value)
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+
+    def register_run(self, account: LocalAccount, run_id: bytes, nonce: bytes, data_root: bytes,
+                     procedure_hash: bytes, init_strategy: int, audit_rate_wad: int, anchor_every: int,
+                     bond: int) -> TxReceipt:
+        """Register a run with its bond (a nonce used before is refused: NonceReplayed)."""
+        return self.transact(account, "registerRun", run_id, nonce, data_root, procedure_hash, init_strategy,
+                             audit_rate_wad, anchor_every, value=bond)
+
+    def anchor(self, account: LocalAccount, run_id: bytes, last_step: int, head: bytes) -> TxReceipt:
+        """Anchor the ledger head after last_step."""
+        return self.transact(account, "anchor", run_id, last_step, head)
+
+    def finish(self, account: LocalAccount, run_id: bytes) -> TxReceipt:
+        """End a run whose last window was full."""
+        return self.transact(account, "finish", run_id)
+
+    def get_run(self, run_id: bytes) -> RunRecord:
+        """Return a run's record."""
+        r = self.call("runs", run_id)
+        return RunRecord(str(r[0]), int(r[1]), bytes(r[2]), bytes(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[7]),
+                         int(r[8]), int(r[9]), bool(r[10]))
+
+    def get_anchor(self, run_id: bytes, index: int) -> AnchorRecord:
+        """Return an anchored window."""
+        a = self.call("anchors", run_id, index)
+        return AnchorRecord(int(a[0]), int(a[1]), int(a[2]), bytes(a[3]))
+
+    def audit_seed(self, run_id: bytes, index: int) -> bytes:
+        """Return the randomness of an anchor's audits (reverts DrawNotReady until the block after it)."""
+        return bytes(self.call("auditSeed", run_id, index))
+
+    def is_audited(self, run_id: bytes, index: int, step: int) -> bool:
+        """Return whether a step of an anchored window is audited."""
+        return bool(self.call("isAudited", run_id, index, step))
+
+    def audit_result(self, run_id: bytes, step: int) -> int:
+        """Return 0 unsettled, 1 passed, 2 failed."""
+        return int(self.call("auditResult", run_id, step))
+
+    def verdict_digest(self, run_id: bytes, step: int, head: bytes, valid: bool, reason: int) -> bytes:
+        """Return the contract's EIP-712 digest of an audit verdict."""
+        return bytes(self.call("verdictDigest", run_id, step, head, valid, reason))
+
+    def submit_verdict(self, account: LocalAccount, run_id: bytes, index: int, step: int, valid: bool, reason: int,
+                       signatures: Sequence[bytes]) -> TxReceipt:
+        """Submit validators' signatures (sorted by signer address) on one audited step."""
+        return self.transact(account, "submitVerdict", run_id, index, step, valid, reason, list(signatures))
+
+    def credits(self, address: str) -> int:
+        """Return withdrawable credits (the treasury's forfeited bonds)."""
+        return int(self.call("credits", Web3.to_checksum_address(address)))
+
+    def get_events(self, name: str, from_block: int, to_block: int | str = "latest") -> list[Any]:
+        """Return decoded logs of one event in a block range."""
+        try:
+            return list(getattr(self.contract.events, name)().get_logs(from_block=from_block, to_block=to_block))
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+
+
+def compute_verdict_typed_data(chain_id: int, contract: str, run_id: bytes, step: int, head: bytes, valid: bool,
+                               reason: int) -> dict[str, Any]:
+    """Return the EIP-712 typed data of an audit verdict (domain verinfer-training / 1)."""
+    return {"types": {"EIP712Domain": [{"name": "name", "type": "string"}, {"name": "version", "type": "string"},
+                                       {"name": "chainId", "type": "uint256"},
+                                       {"name": "verifyingContract", "type": "address"}],
+                      "AuditVerdict": VERDICT_FIELDS},
+            "primaryType": "AuditVerdict",
+            "domain": {"name": "verinfer-training", "version": "1", "chainId": chain_id,
+                       "verifyingContract": Web3.to_checksum_address(contract)},
+            "message": {"runId": run_id, "step": step, "anchorHead": head, "valid": valid, "reason": reason}}
+
+
+def sign_audit_verdict(account: LocalAccount, chain_id: int, contract: str, run_id: bytes, step: int, head: bytes,
+                       valid: bool, reason: int) -> bytes:
+    """Return a validator's 65-byte signature of an audit verdict."""
+    typed = compute_verdict_typed_data(chain_id, contract, run_id, step, head, valid, reason)
+    return bytes(account.sign_message(encode_typed_data(full_message=typed)).signature)
+
+
+def compute_verdict_digest(chain_id: int, contract: str, run_id: bytes, step: int, head: bytes, valid: bool,
+                           reason: int) -> bytes:
+    """Return the digest the contract's verdictDigest() returns."""
+    m = encode_typed_data(full_message=compute_verdict_typed_data(chain_id, contract, run_id, step, head, valid,
+                                                                  reason))
+    return keccak(b"\x19" + m.version + m.header + m.body)
+
+
+__all__ = ["AnchorRecord", "RunRecord", "TrainingContract", "TrainingDeployConfig", "compute_verdict_digest",
+           "decode_revert", "load_training_artifact", "sign_audit_verdict"]

@@ -1,0 +1,39 @@
+"""Dishonest provers' audit responses (issue 17's attacks): a doctored checkpoint and a forged shadow state.
+
+Only the job's cheating paths import this; the honest prover and the auditor never do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from node.protocol.lsh import compute_named_positions
+from node.training.corpus import get_batch_ids, load_corpus
+from node.training.job import JobPlan, get_cheat
+from node.training.model import state_from_vector
+from node.training.replay import compute_replay
+
+
+def compute_served_states(plan: JobPlan, step: int, prev: np.ndarray, cur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the (Z(s−1), Z(s)) a cheater serves for an audit of the step it cheated at."""
+    spec = plan.spec
+    n = prev.size // 2
+    corpus = load_corpus(spec.corpus_files, spec.seq_len)
+    windows = [corpus.samples[get_batch_ids(spec, len(corpus.samples), step, r)] for r in range(spec.workers)]
+    prev_state = state_from_vector(step - 1, prev, n)
+    replay = compute_replay(spec, prev_state, windows, step)
+    kind = get_cheat(plan, step).kind
+    if kind == "doctor":  # serve the honest successor instead of the real one
+        return prev, replay.state.vector()
+    if kind == "doctor-patched":  # ... and copy the ledger's values at the named positions into it
+        doctored = replay.state.vector().copy()
+        positions = compute_named_positions(plan.beacon, step, cur.size, spec.named_positions)
+        doctored[positions] = cur[positions]
+        return prev, doctored
+    if kind == "forge-shadow":  # a Z(s−1) whose honest step lands exactly on the cheated Z(s)
+        cur_state = state_from_vector(step, cur, n)
+        forged_momentum = (cur_state.momentum - replay.mean_grad) / spec.momentum
+        forged = torch.cat([prev_state.params, forged_momentum]).numpy().astype(np.float32)
+        return forged, cur
+    return prev, cur

@@ -1,0 +1,249 @@
+"""The auditor: fetch an audited step's response, check it against the ledger, re-execute, measure, decide.
+
+Exact checks (chain, signatures, named positions, batch roots, declared data, shapes) raise
+InvalidTraining; the numeric comparison of the re-executed step is a frozen measurement, and
+`decide_audit` applies the calibrated tolerance (node/training/tolerance.json, written by
+`verinfer training calibrate`). A failed audit is a verdict, not a crash: `process_audit` turns every
+typed rejection into an invalid verdict with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from node.protocol.ledger import (
+    InvalidTraining,
+    LedgerEntry,
+    TrainingReason,
+    compute_batch_root,
+    compute_genesis_head,
+    verify_chain,
+)
+from node.protocol.lsh import (
+    compute_named_positions,
+    compute_projection,
+    compute_quantisation,
+    compute_sketch_distance,
+)
+from node.training.corpus import Corpus, get_batch_ids
+from node.training.initcheck import compute_init_measurement, is_init_accepted
+from node.training.ledger_store import decode_entry, recover_head_signer
+from node.training.model import TrainState, get_run_param_count, state_from_vector
+from node.training.replay import compute_replay
+from node.training.spec import RunSpec
+
+log = logging.getLogger(__name__)
+TOLERANCE_FILE = Path(__file__).with_name("tolerance.json")
+
+
+@dataclass(frozen=True)
+class AuditTolerance:
+    """Calibrated thresholds of the step comparison (from the honest spread) and the KS level."""
+
+    rel_update_error: float  # on max(rel_param_error, rel_momentum_error)
+    named_rel_error: float
+    lsh_rel_error: float
+    init_alpha: float
+
+
+def load_tolerance(path: Path = TOLERANCE_FILE) -> AuditTolerance:
+    """Return the calibrated tolerance."""
+    d = json.loads(path.read_text())
+    return AuditTolerance(**{k: float(d["tolerance"][k]) for k in AuditTolerance.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class AuditResponse:
+    """What the prover served for one audit, and when the auditor saw it complete."""
+
+    step: int
+    state_prev: np.ndarray | None
+    state: np.ndarray
+    batches: tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], ...]
+    arrived_at: float
+
+
+@dataclass(frozen=True)
+class AuditMeasurement:
+    """Numbers of one re-executed step (no thresholds)."""
+
+    step: int
+    rel_param_error: float  # ‖θ′(t) − θ(t)‖ / ‖θ′(t) − θ(t−1)‖ (re-executed vs served parameters)
+    rel_momentum_error: float  # the same for the momentum buffer
+    named_rel_error: float  # ‖Z′[I(t)] − ledger values‖ / ‖Z′[I(t)] − Z(t−1)[I(t)]‖
+    lsh_rel_error: float  # sketch of the all-reduced gradient vs the ledger's
+    replica_lsh_rel_error: float  # the worst single mini-batch sketch vs the ledger's replica sketch
+    recompute_s: float
+
+
+@dataclass(frozen=True)
+class AuditVerdict:
+    """The auditor's decision on one step."""
+
+    step: int
+    valid: bool
+    reason: TrainingReason
+    detail: str
+    measurement: AuditMeasurement | None = None
+
+
+def read_published_ledger(path: Path, run_id: bytes, prover: str | None) -> list[LedgerEntry]:
+    """Return the prover's published entries after checking the chain from genesis and each head's signature."""
+    entries: list[LedgerEntry] = []
+    for line in path.read_bytes().splitlines():
+        entry, signature = decode_entry(line)
+        if prover is not None and recover_head_signer(run_id, entry.step, entry.head, signature) != prover:
+            raise InvalidTraining("ledger head not signed by the run's prover", TrainingReason.LEDGER_NOT_CHAINED,
+                                  entry.step)
+        entries.append(entry)
+    verify_chain(entries, compute_genesis_head(run_id), 0)
+    return entries
+
+
+def load_response(folder: Path, step: int) -> AuditResponse | None:
+    """Return a complete served response from its folder, or None while it is incomplete."""
+    state = folder / "state.npy"
+    needed = [state] + ([folder / "state_prev.npy", folder / "batch.json"] if step > 0 else [])
+    if not all(p.exists() for p in needed):
+        return None
+    try:
+        prev = np.load(folder / "state_prev.npy", allow_pickle=False) if step > 0 else None
+        cur = np.load(state, allow_pickle=False)
+        raw = json.loads((folder / "batch.json").read_text()) if step > 0 else []
+        batches = tuple((tuple(int(i) for i in b["ids"]), tuple(tuple(int(x) for x in t) for t in b["tokens"]))
+                        for b in raw)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise InvalidTraining(f"response of step {step} is malformed: {e}", TrainingReason.LEDGER_MALFORMED,
+                              step) from e
+    arrived = max(p.stat().st_mtime for p in needed)  # local audits only: the service stamps arrival itself
+    return AuditResponse(step=step, state_prev=prev, state=cur, batches=batches, arrived_at=arrived)
+
+
+def verify_named_values(z: np.ndarray, entry: LedgerEntry, beacon: bytes, count: int) -> None:
+    """Raise unless the served state equals the ledger bit for bit at the positions the verifier named."""
+    positions = compute_named_positions(beacon, entry.step, z.size, count)
+    if tuple(positions.tolist()) != entry.positions:
+        raise InvalidTraining("ledger names other positions than the verifier's", TrainingReason.CHECKPOINT_POSITIONS,
+                              entry.step)
+    if z[positions].astype(">f4").tobytes() != np.asarray(entry.values, dtype=">f4").tobytes():
+        raise InvalidTraining("served state differs from the ledger at the named positions",
+                              TrainingReason.CHECKPOINT_POSITIONS, entry.step)
+
+
+def verify_batches(spec: RunSpec, corpus: Corpus, entry: LedgerEntry, response: AuditResponse) -> list[np.ndarray]:
+    """Return the replicas' windows after checking ids, tokens and roots against the declared data and ledger."""
+    if len(response.batches) != spec.workers or len(entry.batch_roots) != spec.workers:
+        raise InvalidTraining("served batches do not match the worker count", TrainingReason.BATCH_ROOT_MISMATCH,
+                              entry.step)
+    windows = []
+    for rank, (ids, tokens) in enumerate(response.batches):
+        if compute_batch_root(ids, tokens) != entry.batch_roots[rank]:
+            raise InvalidTraining(f"batch of rank {rank} does not match its root", TrainingReason.BATCH_ROOT_MISMATCH,
+                                  entry.step)
+        declared = get_batch_ids(spec, len(corpus.samples), entry.step, rank)
+        if list(ids) != declared or not np.array_equal(np.asarray(tokens), corpus.samples[declared]):
+            raise InvalidTraining(f"rank {rank} committed samples outside the declared order",
+                                  TrainingReason.DATA_UNDECLARED, entry.step)
+        windows.append(corpus.samples[declared])
+    return windows
+
+
+def compute_relative_error(mine: np.ndarray, claimed: np.ndarray, before: np.ndarray) -> float:
+    """Return ‖mine − claimed‖ / ‖mine − before‖: the gap relative to the step's own update (0 if both vanish)."""
+    gap = float(np.linalg.norm(mine - claimed))
+    update = float(np.linalg.norm(mine - before))
+    return 0.0 if gap == 0.0 else gap / max(update, 1e-30)
+
+
+def compute_audit_measurement(spec: RunSpec, prev: TrainState, windows: list[np.ndarray], entry: LedgerEntry,
+                              served: np.ndarray) -> AuditMeasurement:
+    """Re-execute step t from Z(t−1) and return how far the result is from the served state and the ledger."""
+    started = time.perf_counter()
+    replay = compute_replay(spec, prev, windows, entry.step)
+    z_new, z_prev = replay.state.vector().astype(np.float64), prev.vector().astype(np.float64)
+    z_served, n = served.astype(np.float64), prev.params.numel()
+    positions = np.asarray(entry.positions, dtype=np.int64)
+    named = compute_relative_error(z_new[positions], np.asarray(entry.values, dtype=np.float64), z_prev[positions])
+    seed = spec.lsh_seed()
+    sketches = [compute_projection(grad.numpy(), seed, spec.lsh_dim) for grad in replay.replica_grads]
+    worst_replica = 0.0
+    for sketch, claimed in zip(sketches, entry.replica_lsh, strict=True):
+        mine = compute_quantisation(sketch, spec.lsh_scale)
+        worst_replica = max(worst_replica, compute_sketch_distance(np.asarray(claimed), mine).relative_l2)
+    # the all-reduced gradient's sketch is the mean of the replicas' (the projection is linear)
+    lsh = compute_quantisation(np.mean(sketches, axis=0), spec.lsh_scale)
+    return AuditMeasurement(
+        step=entry.step,
+        rel_param_error=compute_relative_error(z_new[:n], z_served[:n], z_prev[:n]),
+        rel_momentum_error=compute_relative_error(z_new[n:], z_served[n:], z_prev[n:]),
+        named_rel_error=named,
+        lsh_rel_error=compute_sketch_distance(np.asarray(entry.lsh), lsh).relative_l2,
+        replica_lsh_rel_error=worst_replica,
+        recompute_s=time.perf_counter() - started)
+
+
+def decide_audit(m: AuditMeasurement, tol: AuditTolerance) -> AuditVerdict:
+    """Return the verdict of a measurement under the calibrated tolerance."""
+    worst = max(m.rel_param_error, m.rel_momentum_error)
+    if m.named_rel_error > tol.named_rel_error or worst > tol.rel_update_error:
+        return AuditVerdict(m.step, False, TrainingReason.RECOMPUTE_MISMATCH,
+                            f"update error {worst:.3g}, named {m.named_rel_error:.3g}", m)
+    if m.lsh_rel_error > tol.lsh_rel_error or m.replica_lsh_rel_error > tol.lsh_rel_error:
+        return AuditVerdict(m.step, False, TrainingReason.LSH_MISMATCH,
+                            f"lsh {m.lsh_rel_error:.3g}, replica {m.replica_lsh_rel_error:.3g}", m)
+    return AuditVerdict(m.step, True, TrainingReason.OK, "within tolerance", m)
+
+
+@dataclass(frozen=True)
+class AuditContext:
+    """What an auditor holds for one run: the declaration, the data, its beacon and the published ledger."""
+
+    spec: RunSpec
+    corpus: Corpus
+    beacon: bytes
+    entries: tuple[LedgerEntry, ...]
+    tolerance: AuditTolerance
+
+
+def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float) -> AuditVerdict:
+    """Return the verdict of one audited step (exact checks raise InvalidTraining; process_audit maps them)."""
+    spec, step = ctx.spec, response.step
+    if response.arrived_at - announced_at > spec.response_deadline_s:
+        raise InvalidTraining(f"answered {response.arrived_at - announced_at:.1f} s after the announcement",
+                              TrainingReason.LATE_RESPONSE, step)
+    if step >= len(ctx.entries):
+        raise InvalidTraining("audited step not in the ledger", TrainingReason.LEDGER_STEP_GAP, step)
+    n_params = get_run_param_count(spec)
+    served = state_from_vector(step, response.state, n_params)
+    verify_named_values(response.state, ctx.entries[step], ctx.beacon, spec.named_positions)
+    if step == 0:
+        m = compute_init_measurement(spec, served.params.numpy(), sample=200_000, seed=int.from_bytes(ctx.beacon[:8]))
+        if not is_init_accepted(m, ctx.tolerance.init_alpha) or bool(torch.any(served.momentum != 0)):
+            raise InvalidTraining(f"initialisation fails the declared strategy (min p {m.min_p_value:.3g} in "
+                                  f"{m.worst_tensor})", TrainingReason.INIT_DISTRIBUTION, 0)
+        return AuditVerdict(0, True, TrainingReason.OK, f"init KS min p {m.min_p_value:.3g}")
+    if response.state_prev is None:
+        raise InvalidTraining("no Z(t−1) served", TrainingReason.CHECKPOINT_MISSING, step)
+    prev = state_from_vector(step - 1, response.state_prev, n_params)
+    verify_named_values(response.state_prev, ctx.entries[step - 1], ctx.beacon, spec.named_positions)
+    windows = verify_batches(spec, ctx.corpus, ctx.entries[step], response)
+    return decide_audit(compute_audit_measurement(spec, prev, windows, ctx.entries[step], response.state),
+                        ctx.tolerance)
+
+
+def process_audit(ctx: AuditContext, response: AuditResponse | None, announced_at: float) -> AuditVerdict:
+    """Return the verdict of an audit; a missing response or any typed rejection is an invalid verdict."""
+    if response is None:
+        return AuditVerdict(-1, False, TrainingReason.LATE_RESPONSE, "no response before the deadline")
+    try:
+        return verify_step(ctx, response, announced_at)
+    except InvalidTraining as e:
+        log.info("audit of step %d rejected: %s", response.step, e)
+        return AuditVerdict(response.step, False, e.training_reason, str(e))

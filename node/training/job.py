@@ -1,0 +1,355 @@
+"""The prover: a torch.distributed (gloo) data-parallel job of N workers plus one shadow rank.
+
+Ranks 0..N−1 are workers, rank N is the shadow. Each step every worker computes its mini-batch
+gradient, sketches it (the replica LSH) and all-reduces it with SUM over all N+1 ranks; the shadow
+contributes zeros, and everyone divides by N, so the workers' average is exactly what it would be
+without the shadow, and the shadow receives the same bits. Rank 0 writes the signed ledger entry.
+Every m steps rank 0 anchors the head (AuditSource.on_anchor) and learns which steps were drawn; it
+then serves the batches of the drawn steps and the shadow serves Z(s−1), Z(s) from its last K states.
+
+`Cheat`s make the prover dishonest in precise ways at given steps; with none the prover is honest.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from eth_account import Account
+
+from node.protocol.hashing import keccak256
+from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
+from node.protocol.lsh import (
+    compute_named_positions,
+    compute_projection_plan,
+    compute_projection_with_plan,
+    compute_quantisation,
+    is_audited,
+)
+from node.training.corpus import get_batch_ids, load_corpus
+from node.training.ledger_store import LedgerStore, encode_entry, sign_head
+from node.training.model import (
+    TrainState,
+    build_model,
+    compute_local_gradient,
+    compute_lr,
+    compute_update,
+    get_params_vector,
+    set_params_vector,
+)
+from node.training.shadow import ShadowState
+from node.training.spec import RunSpec
+
+log = logging.getLogger(__name__)
+UPDATE_CHEATS = ("skip-step", "wrong-lr")
+DATA_CHEATS = ("undeclared-sample", "undeclared-batch", "repeat-step", "doctor", "doctor-patched", "forge-shadow")
+SERVE_CHEATS = ("doctor", "doctor-patched", "forge-shadow", "late")
+
+
+class AuditSource(Protocol):
+    """How the prover learns, after anchoring a head, which steps of the window are audited."""
+
+    def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
+        """Anchor head (covering steps first..last) and return the audited steps among them."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalAudits:
+    """Audits drawn in-process from keccak(secret ‖ head) at rate p (tests and calibration; p = 1 audits all)."""
+
+    secret: bytes
+    rate_wad: int
+
+    def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
+        """Return the steps whose draw falls under the rate."""
+        rnd = keccak256(self.secret + head)
+        return [t for t in range(first_step, last_step + 1) if is_audited(keccak256(rnd + t.to_bytes(32, "big")),
+                                                                            self.rate_wad)]
+
+
+@dataclass(frozen=True)
+class Cheat:
+    """One way to be dishonest at one step (kind "none" is the honest prover)."""
+
+    kind: str = "none"
+    step: int = 0
+    factor: float = 2.0
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the spawned ranks need (picklable)."""
+
+    spec: RunSpec
+    out_dir: Path
+    beacon: bytes
+    prover_key: bytes
+    audits: Any  # an AuditSource; Any so that pickling keeps the concrete class
+    port: int
+    threads: int = 1
+    cheats: tuple[Cheat, ...] = ()
+    init_vector: Path | None = None  # a stolen initialisation (npy of the params), for the attack
+
+
+def get_cheat(plan: JobPlan, step: int) -> Cheat:
+    """Return the cheat the prover commits at a step (kind "none" when it is honest there)."""
+    return next((c for c in plan.cheats if c.step == step), Cheat())
+
+
+def run_job(plan: JobPlan) -> None:
+    """Run the whole job (N workers + shadow) to completion in child processes."""
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    (plan.out_dir / "spec.json").write_text(plan.spec.model_dump_json(indent=1))
+    spawn = mp.spawn  # type: ignore[attr-defined]
+    spawn(_rank_main, args=(plan,), nprocs=plan.spec.workers + 1, join=True)  # type: ignore[no-untyped-call]
+
+
+def _rank_main(rank: int, plan: JobPlan) -> None:
+    torch.set_num_threads(plan.threads)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(plan.port)
+    dist.init_process_group("gloo", rank=rank, world_size=plan.spec.workers + 1)
+    try:
+        if rank == plan.spec.workers:
+            _shadow_loop(plan)
+        else:
+            _worker_loop(rank, plan)
+    except Exception:
+        log.exception("rank %d of the training job failed", rank)
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _initial_state(plan: JobPlan, model: torch.nn.Module) -> TrainState:
+    params = get_params_vector(model)
+    if plan.init_vector is not None and get_cheat(plan, 0).kind == "stolen-init":
+        params = torch.from_numpy(np.load(plan.init_vector).astype(np.float32))
+    dist.broadcast(params, src=0)  # every rank starts from rank 0's Z(0), the one the ledger names
+    return TrainState(step=0, params=params, momentum=torch.zeros_like(params))
+
+
+def _cheat_windows(plan: JobPlan, rank: int, step: int, ids: list[int], windows: np.ndarray) -> np.ndarray:
+    """Return the windows the worker really trains on (the declared ones unless a data cheat is due)."""
+    kind, spec = get_cheat(plan, step).kind, plan.spec
+    if kind not in DATA_CHEATS:
+        return windows
+    corpus = load_corpus(spec.corpus_files, spec.seq_len)
+    extra = load_corpus(spec.corpus_files + 8, spec.seq_len).samples[len(corpus.samples):]  # undeclared files
+    out = windows.copy()
+    if kind == "undeclared-sample" and rank == 0:
+        out[0] = extra[0]
+    elif kind in ("undeclared-batch", "doctor", "doctor-patched", "forge-shadow"):
+        out[:] = extra[rank * len(out):(rank + 1) * len(out)]
+    elif kind == "repeat-step":
+        out = corpus.samples[get_batch_ids(spec, len(corpus.samples), step - 1, rank)]
+    return out
+
+
+def compute_step_lr(plan: JobPlan, step: int) -> float:
+    """Return the learning rate the prover really uses (declared, unless the wrong-lr cheat is due)."""
+    lr, cheat = compute_lr(plan.spec, step), get_cheat(plan, step)
+    return lr * cheat.factor if cheat.kind == "wrong-lr" else lr
+
+
+def compute_step_update(plan: JobPlan, state: TrainState, grad: torch.Tensor, step: int) -> TrainState:
+    """Return the prover's real update of step t (identical on workers and shadow)."""
+    if get_cheat(plan, step).kind == "skip-step":
+        return TrainState(step=step, params=state.params, momentum=state.momentum)
+    return compute_update(state, grad, compute_step_lr(plan, step), plan.spec.momentum)
+
+
+def _worker_loop(rank: int, plan: JobPlan) -> None:
+    spec = plan.spec
+    corpus = load_corpus(spec.corpus_files, spec.seq_len)
+    model = build_model(spec)
+    state = _initial_state(plan, model)
+    set_params_vector(model, state.params)
+    lsh_plan = compute_projection_plan(spec.lsh_seed(), state.params.numel(), spec.lsh_dim)
+    writer = _LedgerWriter(plan) if rank == 0 else None
+    if writer is not None:
+        writer.write(state, (), (), None, float("nan"), float("nan"), float("nan"))
+    batches: deque[tuple[int, list[Any]]] = deque(maxlen=spec.keep_checkpoints)
+    last_anchor = 0
+    for step in range(1, spec.steps + 1):
+        started_ns = time.time_ns()
+        ids = get_batch_ids(spec, len(corpus.samples), step, rank)
+        declared = corpus.samples[ids]
+        loss, grad = compute_local_gradient(model, _cheat_windows(plan, rank, step, ids, declared))
+        sketch = compute_projection_with_plan(lsh_plan, grad.numpy())  # one sketch per worker, in parallel
+        replica_lsh = compute_quantisation(sketch, spec.lsh_scale)
+        root = compute_batch_root(ids, declared.tolist())
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        grad /= spec.workers
+        state = compute_step_update(plan, state, grad, step)
+        set_params_vector(model, state.params)
+        gathered: list[Any] = [None] * (spec.workers + 1) if rank == 0 else []
+        dist.gather_object((root, replica_lsh.tolist(), loss, ids, declared.tolist(), sketch),
+                           gathered if rank == 0 else None, dst=0)
+        if writer is not None:
+            parts = gathered[: spec.workers]
+            batches.append((step, [(p[3], p[4]) for p in parts]))
+            # the sketch is linear: the all-reduced gradient's is the mean of the replicas' (no second projection)
+            mean_sketch = np.mean([p[5] for p in parts], axis=0)
+            writer.write(state, tuple(p[0] for p in parts), tuple(tuple(p[1]) for p in parts), mean_sketch,
+                         float(np.mean([p[2] for p in parts])), float(grad.norm()), compute_step_lr(plan, step))
+            with (plan.out_dir / "steps.jsonl").open("a") as f:  # timings for the workload record's trace
+                f.write(json.dumps({"step": step, "start_ns": started_ns, "end_ns": time.time_ns()}) + "\n")
+        if step % spec.anchor_every == 0 or step == spec.steps:
+            drawn = _anchor(plan, writer, last_anchor + 1 if last_anchor else 0, step)
+            last_anchor = step
+            if drawn is None:
+                break
+            if writer is not None:
+                _serve_batches(plan, drawn, dict(batches))
+    if writer is not None:
+        writer.close()
+
+
+class RunStopped(Exception):
+    """The chain no longer accepts this run's anchors (it was slashed): every rank stops after this step."""
+
+
+def _anchor(plan: JobPlan, writer: _LedgerWriter | None, first: int, last: int) -> list[int] | None:
+    """Anchor on rank 0 and share the drawn steps with every rank; None when the run was stopped."""
+    box: list[Any] = [None]
+    if writer is not None:
+        try:
+            box[0] = plan.audits.on_anchor(first, last, writer.head)
+        except RunStopped as e:
+            log.warning("run stopped at step %d: %s", last, e)
+        announce = plan.out_dir / "announced.jsonl"
+        with announce.open("a") as f:
+            for s in box[0] or []:
+                f.write(json.dumps({"step": s, "at": time.time()}) + "\n")
+    dist.broadcast_object_list(box, src=0)
+    return None if box[0] is None else list(box[0])
+
+
+class _LedgerWriter:
+    """Rank 0's ledger: builds, seals, signs and stores one entry per step."""
+
+    def __init__(self, plan: JobPlan) -> None:
+        self.plan = plan
+        self.run_id = plan.spec.spec_hash()
+        self.store = LedgerStore(plan.out_dir / "ledger", self.run_id)
+        self.account = Account.from_key(plan.prover_key)
+        self.head = compute_genesis_head(self.run_id)
+
+    def write(self, state: TrainState, roots: tuple[bytes, ...], replica_lsh: tuple[tuple[int, ...], ...],
+              mean_sketch: np.ndarray | None, loss: float, grad_norm: float, lr: float) -> None:
+        """Seal, sign and store the entry of the state just reached (step 0: no batch, no sketch)."""
+        spec = self.plan.spec
+        z = state.vector()
+        positions = compute_named_positions(self.plan.beacon, state.step, z.size, spec.named_positions)
+        lsh: tuple[int, ...] = ()
+        if mean_sketch is not None:
+            lsh = tuple(compute_quantisation(mean_sketch, spec.lsh_scale).tolist())
+        entry = seal_entry(LedgerEntry(
+            run_id=self.run_id, step=state.step, prev_head=self.head, positions=tuple(positions.tolist()),
+            values=tuple(z[positions].tolist()), batch_roots=roots, lsh=lsh, replica_lsh=replica_lsh,
+            loss=loss, grad_norm=grad_norm, lr=lr))
+        signature = sign_head(self.account, self.run_id, entry.step, entry.head)
+        self.store.process_entry(entry, signature)
+        with (self.plan.out_dir / "ledger.jsonl").open("ab") as f:  # the published copy auditors read
+            f.write(encode_entry(entry, signature) + b"\n")
+        self.head = entry.head
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def get_response_dir(out_dir: Path, step: int) -> Path:
+    """Return where the prover serves the audit response of a step."""
+    return out_dir / "responses" / f"{step:08d}"
+
+
+def _write_atomically(folder: Path, name: str, write: Any) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.tmp-{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, folder / name)
+
+
+def _serve_batches(plan: JobPlan, drawn: list[int], batches: dict[int, list[Any]]) -> None:
+    for step in drawn:
+        if step in batches:
+            payload = [{"ids": ids, "tokens": toks} for ids, toks in batches[step]]
+            _write_atomically(get_response_dir(plan.out_dir, step), "batch.json",
+                              lambda p, payload=payload: p.write_text(json.dumps(payload)))
+
+
+def _shadow_loop(plan: JobPlan) -> None:
+    spec = plan.spec
+    model = build_model(spec)
+    shadow = ShadowState(spec, _initial_state(plan, model), functools.partial(compute_step_update, plan))
+    n = shadow.latest.params.numel()
+    del model
+    last_anchor = 0
+    timers: list[threading.Timer] = []
+    for step in range(1, spec.steps + 1):
+        grad = torch.zeros(n, dtype=torch.float32)
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        grad /= spec.workers
+        shadow.on_gradient(step, grad)
+        dist.gather_object(None, None, dst=0)
+        if step % spec.anchor_every == 0 or step == spec.steps:
+            drawn = _anchor(plan, None, last_anchor + 1 if last_anchor else 0, step)
+            last_anchor = step
+            if drawn is None:
+                break
+            for s in drawn:
+                serve = _make_state_server(plan, shadow, s)
+                if get_cheat(plan, s).kind == "late":
+                    timers.append(threading.Timer(get_cheat(plan, s).delay_s, serve))
+                    timers[-1].start()
+                else:
+                    serve()
+    for t in timers:
+        t.join()
+
+
+def _make_state_server(plan: JobPlan, shadow: ShadowState, step: int) -> Any:
+    """Return a callable writing Z(s−1) and Z(s) for an audit (doctored or forged for those cheats)."""
+    from node.training import attacks  # the dishonest provers' serving; honest runs never call into it
+
+    try:
+        prev = shadow.get_state(step - 1).vector() if step > 0 else None
+        cur = shadow.get_state(step).vector()
+    except Exception:  # a step that left the buffer is simply not served: the auditor sees a missed audit
+        log.warning("audit of step %d can no longer be served", step)
+        return lambda: None
+    if get_cheat(plan, step).kind in SERVE_CHEATS and prev is not None:
+        prev, cur = attacks.compute_served_states(plan, step, prev, cur)
+    folder = get_response_dir(plan.out_dir, step)
+
+    def serve() -> None:
+        if prev is not None:
+            _write_atomically(folder, "state_prev.npy", lambda p: _save_npy(p, prev))
+        _write_atomically(folder, "state.npy", lambda p: _save_npy(p, cur))
+
+    return serve
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as f:
+        np.save(f, array)
+
+
+def remove_job_outputs(out_dir: Path) -> None:
+    """Delete a job's outputs (ledger, responses) before a fresh run into the same folder."""
+    shutil.rmtree(out_dir, ignore_errors=True)

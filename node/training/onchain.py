@@ -1,0 +1,88 @@
+"""The prover's and the auditor's chain side: anchoring heads, reading audit draws, submitting verdicts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from chain.errors import ChainError, ContractReverted
+from chain.training import TrainingContract, sign_audit_verdict
+from node.errors import Reason, RecoverableError
+from node.training.job import RunStopped
+
+log = logging.getLogger(__name__)
+
+
+def get_training_contract(rpc_url: str, address: str) -> TrainingContract:
+    """Return a client of the Training contract over HTTP."""
+    return TrainingContract(Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 30})), address)
+
+
+def wait_for_block(contract: TrainingContract, number: int, timeout_s: float) -> None:
+    """Wait until the chain has mined block `number`."""
+    deadline = time.monotonic() + timeout_s
+    while contract.w3.eth.block_number < number:
+        if time.monotonic() > deadline:
+            raise RecoverableError(f"block {number} not mined within {timeout_s} s", Reason.CHAIN_UNAVAILABLE)
+        time.sleep(0.2)
+
+
+def get_audited_steps(contract: TrainingContract, run_id: bytes, index: int) -> list[int]:
+    """Return the audited steps of an anchored window (the draw must be ready)."""
+    a = contract.get_anchor(run_id, index)
+    return [t for t in range(a.first_step, a.last_step + 1) if contract.is_audited(run_id, index, t)]
+
+
+@dataclass(frozen=True)
+class ChainAudits:
+    """The prover's AuditSource on chain: anchor each window, wait for the block after it, read the draw."""
+
+    rpc_url: str
+    contract: str
+    prover_key: bytes
+    run_id: bytes
+    final_step: int
+    anchor_every: int
+    draw_timeout_s: float = 60.0
+
+    def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
+        """Anchor the head, finish the run after its last window, and return the drawn audits."""
+        contract = get_training_contract(self.rpc_url, self.contract)
+        account: LocalAccount = Account.from_key(self.prover_key)
+        record = contract.get_run(self.run_id)
+        if record.slashed or record.finished_block:
+            raise RunStopped(f"run {self.run_id.hex()[:10]} is {'slashed' if record.slashed else 'finished'}")
+        before = record.anchors
+        try:
+            receipt = contract.anchor(account, self.run_id, last_step, head)
+        except ContractReverted as e:
+            if e.error == "NotRunning":  # slashed between the read and the anchor
+                raise RunStopped(f"run {self.run_id.hex()[:10]} stopped") from e
+            raise
+        log.info("anchored steps %d..%d (gas %d)", first_step, last_step, receipt["gasUsed"])
+        if last_step == self.final_step and (last_step % self.anchor_every == 0):
+            contract.finish(account, self.run_id)
+        wait_for_block(contract, int(receipt["blockNumber"]) + 2, self.draw_timeout_s)
+        return get_audited_steps(contract, self.run_id, before)
+
+
+def submit_audit_verdict(contract: TrainingContract, validator: LocalAccount, run_id: bytes, index: int, step: int,
+                         valid: bool, reason: int) -> bool:
+    """Sign and submit one validator's verdict; return False if the step was already settled."""
+    head = contract.get_anchor(run_id, index).head
+    signature = sign_audit_verdict(validator, int(contract.w3.eth.chain_id), contract.address, run_id, step, head,
+                                   valid, reason)
+    try:
+        contract.submit_verdict(validator, run_id, index, step, valid, reason, [signature])
+    except ContractReverted as e:
+        if e.error == "AlreadySettled":
+            return False
+        raise
+    except ChainError as e:
+        raise RecoverableError(f"verdict submission failed: {e}", Reason.TX_FAILED) from e
+    return True

@@ -1,0 +1,76 @@
+"""A training run's declaration: model, data, optimiser, schedule, audit parameters — hashed into its run id."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from node.protocol.hashing import keccak256
+
+
+class ModelShape(BaseModel):
+    """The llama architecture trained (tiny for tests; SmolLM2-135M's for the demo)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = Field(49152, gt=0)
+    hidden_size: int = Field(64, gt=0)
+    intermediate_size: int = Field(128, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    max_position_embeddings: int = Field(512, gt=0)
+
+
+SMOLLM2_135M = ModelShape(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                          num_key_value_heads=3, max_position_embeddings=2048)
+
+
+class RunSpec(BaseModel):
+    """Everything a verifier needs to replay a step; its canonical JSON hash is the run's spec hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shape: ModelShape = ModelShape()
+    init_strategy: Literal["normal-0.02"] = "normal-0.02"  # the pre-agreed set (HF llama init)
+    init_seed: int = Field(0, ge=0, lt=2**63)
+    corpus_files: int = Field(48, gt=0)  # the first F stdlib .py files in sorted order
+    seq_len: int = Field(32, gt=1)
+    data_seed: int = Field(0, ge=0, lt=2**63)
+    workers: int = Field(2, ge=1, le=16)
+    batch_per_worker: int = Field(2, ge=1)
+    steps: int = Field(20, gt=0)
+    optimiser: Literal["sgd-momentum"] = "sgd-momentum"
+    lr_peak: float = Field(0.01, gt=0)
+    warmup_steps: int = Field(3, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    lsh_nonce: str = Field("00" * 32, pattern=r"^[0-9a-f]{64}$")  # the verifier's fresh nonce for this run
+    lsh_dim: int = Field(256, gt=0)
+    lsh_scale: float = Field(1e5, gt=0)
+    named_positions: int = Field(1024, gt=0)
+    keep_checkpoints: int = Field(10, ge=2)  # K, the shadow's rolling buffer
+    anchor_every: int = Field(5, gt=0)  # m
+    audit_rate: float = Field(0.25, ge=0, le=1)
+    response_deadline_s: float = Field(30.0, gt=0)
+
+    @property
+    def global_batch(self) -> int:
+        """Return samples per step across workers."""
+        return self.workers * self.batch_per_worker
+
+    def spec_hash(self) -> bytes:
+        """Return keccak256 of the canonical JSON (keys sorted, no whitespace)."""
+        return keccak256(json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+
+    def procedure_hash(self) -> bytes:
+        """Return the hash of the optimiser and schedule alone (what the contract records with the run)."""
+        keys = ("optimiser", "lr_peak", "warmup_steps", "momentum", "steps", "workers", "batch_per_worker", "seq_len")
+        chosen = {k: getattr(self, k) for k in keys}
+        return keccak256(json.dumps(chosen, sort_keys=True, separators=(",", ":")).encode())
+
+    def lsh_seed(self) -> bytes:
+        """Return the projection seed: sha256(nonce ‖ spec hash), so one nonce never serves two specs."""
+        return hashlib.sha256(bytes.fromhex(self.lsh_nonce) + self.spec_hash()).digest()

@@ -1,0 +1,217 @@
+"""Benchmark training verification: prover overhead ÷ step time, k = recompute ÷ step, gas per anchored step.
+
+    .venv/bin/python scripts/bench_training.py [--shapes tiny,smollm2] [--repeats 3]
+
+Per model shape, one worker's step (forward + backward on its mini-batch, the SGD update) is timed
+in-process with one thread, as the job's workers run; the prover's additions are timed alone: the
+batch commitment, the gradient sketches (its replica's and the all-reduced one) with a precomputed
+plan, the ledger entry (named positions, seal, EIP-712 signature, LevelDB write) and the shadow's
+cost to the workers (a gloo all-reduce among N+1 instead of N processes). The auditor's recompute of
+one step (N replicas) gives k. Gas comes from anchoring on a real anvil. Prints a table and writes
+bench-results/training-bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from eth_account import Account
+from rich.console import Console
+from rich.table import Table
+
+from node.protocol.hashing import keccak256
+from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
+from node.protocol.lsh import (
+    compute_named_positions,
+    compute_projection_plan,
+    compute_projection_with_plan,
+    compute_quantisation,
+)
+from node.training.corpus import get_batch_ids, load_corpus
+from node.training.ledger_store import LedgerStore, sign_head
+from node.training.model import (
+    TrainState,
+    build_model,
+    compute_local_gradient,
+    compute_update,
+    get_params_vector,
+    set_params_vector,
+)
+from node.training.replay import compute_replay
+from node.training.spec import SMOLLM2_135M, ModelShape, RunSpec
+
+OUT = Path("bench-results/training-bench.json")
+SHAPES = {"tiny": ModelShape(), "smollm2": SMOLLM2_135M}
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> float:
+    """Return the median seconds of fn over repeats (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _allreduce_rank(rank: int, world: int, port: int, n: int, repeats: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    x = torch.ones(n)
+    dist.all_reduce(x)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - t)
+    if rank == 0:
+        Path(out).write_text(json.dumps(statistics.median(times)))
+    dist.destroy_process_group()
+
+
+def measure_allreduce(world: int, n: int, repeats: int) -> float:
+    """Return the median seconds of one gloo all-reduce of n floats among `world` processes."""
+    from chain.devnet import find_free_port
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        spawn = mp.spawn  # type: ignore[attr-defined]
+        spawn(_allreduce_rank, args=(world, find_free_port(), n, repeats, f.name), nprocs=world,  # type: ignore[no-untyped-call]
+              join=True)
+        return float(json.loads(Path(f.name).read_text()))
+
+
+def bench_shape(name: str, shape: ModelShape, repeats: int) -> dict[str, Any]:
+    """Return the timings of one model shape."""
+    torch.set_num_threads(1)
+    spec = RunSpec(shape=shape, steps=10)
+    samples = load_corpus(spec.corpus_files, spec.seq_len).samples
+    ids = get_batch_ids(spec, len(samples), 1, 0)
+    windows = samples[ids]
+    model = build_model(spec)
+    state = TrainState(0, get_params_vector(model), torch.zeros_like(get_params_vector(model)))
+    n = state.params.numel()
+
+    def step() -> None:
+        _, g = compute_local_gradient(model, windows)
+        compute_update(state, g, 0.01, 0.9)
+
+    t_step = timed(step, repeats)
+    _, grad = compute_local_gradient(model, windows)
+    t_commit = timed(lambda: compute_batch_root(ids, windows.tolist()), repeats)
+    t0 = time.perf_counter()
+    plan = compute_projection_plan(spec.lsh_seed(), n, spec.lsh_dim)
+    t_plan = time.perf_counter() - t0
+    # each worker sketches its own gradient (in parallel); the all-reduced sketch is their mean (linearity)
+    t_lsh = timed(lambda: compute_quantisation(compute_projection_with_plan(plan, grad.numpy()), spec.lsh_scale),
+                  repeats)
+    t_ledger = bench_ledger(spec, state, repeats)
+    t_ar2 = measure_allreduce(spec.workers, n, repeats)
+    t_ar3 = measure_allreduce(spec.workers + 1, n, repeats)
+    t_shadow = max(0.0, t_ar3 - t_ar2)
+    t_step_wall = t_step + t_ar2
+    replica_windows = [samples[get_batch_ids(spec, len(samples), 1, r)] for r in range(spec.workers)]
+    set_params_vector(model, state.params)
+    t_recompute = timed(lambda: compute_replay(spec, state, replica_windows, 1), max(1, repeats // 2))
+    overhead = t_commit + t_lsh + t_ledger + t_shadow
+    tokens = spec.batch_per_worker * spec.seq_len
+    # the overhead is per step and grows with the parameters; the step grows with the tokens a worker trains on
+    tokens_for_5pct = overhead / (0.05 * t_step_wall / tokens)
+    return {"shape": name, "params": n, "step_s": t_step, "allreduce_n_s": t_ar2, "allreduce_n_plus_shadow_s": t_ar3,
+            "step_wall_s": t_step_wall, "commit_s": t_commit, "lsh_s": t_lsh, "lsh_plan_once_s": t_plan,
+            "ledger_s": t_ledger, "shadow_s": t_shadow, "overhead_s": overhead,
+            "overhead_ratio": overhead / t_step_wall, "recompute_s": t_recompute, "k": t_recompute / t_step_wall,
+            "tokens_per_worker_step": tokens, "tokens_per_worker_step_for_5pct_extrapolated": tokens_for_5pct,
+            "lsh_ns_per_param": 1e9 * t_lsh / n}
+
+
+def bench_ledger(spec: RunSpec, state: TrainState, repeats: int) -> float:
+    """Return the seconds to name positions, seal, sign and store one ledger entry."""
+    account = Account.from_key(b"\x05" * 32)
+    run_id = spec.spec_hash()
+    z = state.vector()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = LedgerStore(Path(tmp) / "l", run_id)
+        head = [compute_genesis_head(run_id)]
+
+        def write() -> None:
+            step = store.get_head()[0] + 1
+            pos = compute_named_positions(b"b" * 32, step, z.size, spec.named_positions)
+            e = seal_entry(LedgerEntry(run_id=run_id, step=step, prev_head=head[0], positions=tuple(pos.tolist()),
+                                       values=tuple(z[pos].tolist()), batch_roots=(keccak256(b"r"),) * 2,
+                                       lsh=(0,) * spec.lsh_dim, replica_lsh=((0,) * spec.lsh_dim,) * 2))
+            store.process_entry(e, sign_head(account, run_id, step, e.head))
+            head[0] = e.head
+
+        t = timed(write, repeats)
+        store.close()
+    return t
+
+
+def bench_gas(windows: list[int]) -> list[dict[str, Any]]:
+    """Return gas per anchor and per anchored step for several window sizes m, on anvil."""
+    from chain.contracts import HubConfig
+    from chain.deploy import deploy
+    from chain.devnet import Anvil, dev_account
+    from chain.training import TrainingContract, TrainingDeployConfig
+
+    rows = []
+    with Anvil() as node:
+        w3 = node.web3()
+        admin, treasury, prover = dev_account(0), dev_account(1), dev_account(3)
+        hub, _ = deploy(w3, admin, HubConfig(treasury=treasury.address))
+        training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(hub=hub.address,
+                                                                             treasury=treasury.address))
+        for m in windows:
+            run = keccak256(b"bench-%d" % m)
+            reg = training.register_run(prover, run, keccak256(b"nonce-%d" % m), b"\x01" * 32, b"\x02" * 32, 0,
+                                        10**17, m, 10**18)
+            gas = [int(training.anchor(prover, run, (i + 1) * m, keccak256(b"h%d" % i))["gasUsed"]) for i in range(3)]
+            rows.append({"m": m, "register_gas": int(reg["gasUsed"]), "first_anchor_gas": gas[0],
+                         "later_anchor_gas": gas[2], "gas_per_step": gas[2] / m})
+    return rows
+
+
+def main() -> None:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="tiny,smollm2")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    console = Console()
+    results = [bench_shape(s, SHAPES[s], args.repeats) for s in args.shapes.split(",")]
+    gas = bench_gas([1, 5, 20, 100])
+    table = Table("shape", "params", "step s", "commit s", "lsh s", "ledger s", "shadow s", "overhead", "recompute s",
+                  "k", "tokens for 5 %")
+    for r in results:
+        table.add_row(r["shape"], f"{r['params']:,}", f"{r['step_wall_s']:.3f}", f"{r['commit_s']:.4f}",
+                      f"{r['lsh_s']:.4f}", f"{r['ledger_s']:.4f}", f"{r['shadow_s']:.4f}",
+                      f"{100 * r['overhead_ratio']:.1f} %", f"{r['recompute_s']:.3f}", f"{r['k']:.2f}",
+                      f"{r['tokens_per_worker_step_for_5pct_extrapolated']:.0f}")
+    console.print(table)
+    gas_table = Table("m", "register gas", "anchor gas", "gas per anchored step")
+    for g in gas:
+        gas_table.add_row(str(g["m"]), str(g["register_gas"]), str(g["later_anchor_gas"]), f"{g['gas_per_step']:.0f}")
+    console.print(gas_table)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"shapes": results, "gas": gas, "numpy": np.__version__, "torch": torch.__version__},
+                              indent=1))
+    console.print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+import math
+
+import numpy as np
+import pytest
+
+from node.protocol.hashing import keccak256
+from node.protocol.ledger import InvalidTraining, LedgerEntry, TrainingReason, seal_entry
+from node.protocol.lsh import compute_named_positions
+from node.training.auditor import (
+    AuditMeasurement,
+    AuditTolerance,
+    compute_relative_error,
+    decide_audit,
+    load_tolerance,
+    verify_named_values,
+)
+from node.training.service import verify_anchor_head
+
+TOL = AuditTolerance(rel_update_error=1e-5, named_rel_error=1e-5, lsh_rel_error=1e-4, init_alpha=0.01)
+
+
+def measurement(**kw):
+    base = dict(step=3, rel_param_error=1e-7, rel_momentum_error=1e-8, named_rel_error=1e-7, lsh_rel_error=1e-6,
+                replica_lsh_rel_error=1e-6, recompute_s=0.1)
+    return AuditMeasurement(**{**base, **kw})
+
+
+@pytest.mark.parametrize("field,value,reason", [
+    ("rel_param_error", 0.1, TrainingReason.RECOMPUTE_MISMATCH),
+    ("rel_momentum_error", 2e-5, TrainingReason.RECOMPUTE_MISMATCH),
+    ("named_rel_error", 0.5, TrainingReason.RECOMPUTE_MISMATCH),
+    ("lsh_rel_error", 0.01, TrainingReason.LSH_MISMATCH),
+    ("replica_lsh_rel_error", 0.01, TrainingReason.LSH_MISMATCH),
+])
+def test_each_measurement_past_its_threshold_rejects(field, value, reason):
+    assert decide_audit(measurement(), TOL).valid
+    v = decide_audit(measurement(**{field: value}), TOL)
+    assert not v.valid and v.reason == reason
+
+
+def test_relative_error_is_relative_to_the_step_update():
+    before, mine = np.zeros(4), np.array([1.0, 0, 0, 0])
+    assert compute_relative_error(mine, mine, before) == 0.0
+    assert math.isclose(compute_relative_error(mine, np.array([1.1, 0, 0, 0]), before), 0.1)
+    assert compute_relative_error(before, before, before) == 0.0  # nothing moved on either side
+
+
+def test_the_committed_tolerance_is_calibrated_and_finite():
+    tol = load_tolerance()
+    assert 0 < tol.rel_update_error < 1e-3 and 0 < tol.lsh_rel_error < 1e-2 and tol.init_alpha == 1e-3
+
+
+def test_named_values_must_match_bit_for_bit():
+    beacon, z = b"\x01" * 32, np.arange(100, dtype=np.float32)
+    pos = compute_named_positions(beacon, 4, z.size, 8)
+    entry = LedgerEntry(run_id=b"\x00" * 32, step=4, prev_head=b"\x00" * 32, positions=tuple(pos.tolist()),
+                        values=tuple(z[pos].tolist()), batch_roots=(), lsh=(), replica_lsh=())
+    verify_named_values(z, entry, beacon, 8)
+    doctored = z.copy()
+    doctored[pos[3]] = np.nextafter(doctored[pos[3]], np.float32(1e9))
+    with pytest.raises(InvalidTraining) as e:
+        verify_named_values(doctored, entry, beacon, 8)
+    assert e.value.training_reason == TrainingReason.CHECKPOINT_POSITIONS
+    with pytest.raises(InvalidTraining):
+        verify_named_values(z, entry, b"\x02" * 32, 8)  # positions the verifier did not name
+
+
+def test_the_published_ledger_must_reach_the_anchored_head():
+    e = seal_entry(LedgerEntry(run_id=b"\x00" * 32, step=0, prev_head=b"\x00" * 32, positions=(), values=(),
+                               batch_roots=(), lsh=(), replica_lsh=()))
+    verify_anchor_head([e], 0, e.head)
+    with pytest.raises(InvalidTraining):
+        verify_anchor_head([e], 0, keccak256(b"x"))
+    with pytest.raises(InvalidTraining):
+        verify_anchor_head([e], 5, e.head)
+
+
+def test_arrival_is_stamped_by_the_auditor_not_by_the_provers_file_times(tmp_path):
+    import os
+    import time
+
+    from node.training.service import wait_for_response
+
+    np.save(tmp_path / "state.npy", np.zeros(4, dtype=np.float32))
+    os.utime(tmp_path / "state.npy", (1.0, 1.0))  # a prover backdating its answer
+    before = time.time()
+    response = wait_for_response(tmp_path, 0, deadline=before + 5)
+    assert response is not None and response.arrived_at >= before
+    assert wait_for_response(tmp_path / "missing", 1, deadline=time.time() + 0.3, poll_s=0.1) is None
