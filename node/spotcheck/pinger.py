@@ -1,0 +1,192 @@
+"""The pinger: challenges at Poisson times with fresh nonces, timed on its own clock (a separate process).
+
+Each device gets its own Poisson stream of rate λ; a device has at most one challenge outstanding, and the
+next one is drawn from the send time of the previous. Answers are matched to the outstanding challenge
+(device, sequence number, nonce, kind); anything else is a typed refusal recorded against the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import selectors
+import socket
+import time
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from node.spotcheck.errors import MismatchedAnswer, OversizedMessage, SpotcheckError, SpotCode
+from node.spotcheck.wire import Answer, Challenge, ErrorReply, FrameDecoder, encode_frame, parse_message
+
+log = logging.getLogger(__name__)
+
+
+class PingerConfig(BaseModel):
+    """Whom to challenge, how often, with what mix, and how long to wait for an answer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    targets: tuple[tuple[str, str], ...]  # (device_id, socket path)
+    rate_hz: float = Field(gt=0, le=1000)
+    labels_share: float = Field(0.5, ge=0, le=1)
+    labels_count: int = Field(64, ge=1, le=256)
+    timeout_ms: float = Field(5000, gt=0)
+    run_s: float = Field(gt=0)
+
+
+@dataclass(frozen=True)
+class ExchangeRecord:
+    """One challenge and its outcome as the pinger saw it (plain values, so it pickles and serialises)."""
+
+    device_id: str
+    seq: int
+    kind: str
+    nonce: str
+    count: int
+    sent_ns: int
+    received_ns: int | None
+    answer_json: str | None
+    error: str | None
+
+
+@dataclass
+class _Outstanding:
+    challenge: Challenge
+    sent_ns: int
+
+
+def match_answer(outstanding: Challenge, message: Answer | ErrorReply | Challenge) -> Answer:
+    """Return the answer if it is the outstanding challenge's; raise the typed refusal otherwise."""
+    if not isinstance(message, Answer):
+        raise MismatchedAnswer(f"a device sent a {message.type}, not an answer", device=outstanding.device_id)
+    if (message.device_id, message.seq, message.nonce, message.kind) != (
+            outstanding.device_id, outstanding.seq, outstanding.nonce, outstanding.kind):
+        raise MismatchedAnswer(f"answer for {message.device_id}/{message.seq} while {outstanding.seq} is open",
+                               device=outstanding.device_id)
+    return message
+
+
+class Pinger:
+    """Challenge every target at Poisson times until run_s has passed, recording each exchange."""
+
+    def __init__(self, config: PingerConfig, progress: Connection | None = None) -> None:
+        self.config = config
+        self.progress = progress
+        self.rng = np.random.default_rng(secrets.randbits(128))
+        self.records: list[ExchangeRecord] = []
+        self.seq = 0
+
+    def _next_gap_ns(self) -> int:
+        return int(self.rng.exponential(1.0 / self.config.rate_hz) * 1e9)
+
+    def _finish(self, open_: _Outstanding, received_ns: int | None, answer: Answer | None,
+                error: SpotCode | None) -> None:
+        ch = open_.challenge
+        record = ExchangeRecord(device_id=ch.device_id, seq=ch.seq, kind=ch.kind, nonce=ch.nonce, count=ch.count,
+                                sent_ns=open_.sent_ns, received_ns=received_ns,
+                                answer_json=None if answer is None else answer.model_dump_json(exclude_none=True),
+                                error=None if error is None else error.value)
+        self.records.append(record)
+        if self.progress is not None:
+            self.progress.send(("exchange", asdict(record)))
+
+    def _new_challenge(self, device_id: str) -> Challenge:
+        self.seq += 1
+        labels = self.rng.random() < self.config.labels_share
+        return Challenge(device_id=device_id, seq=self.seq, nonce=secrets.token_bytes(32).hex(),
+                         kind="labels" if labels else "state", count=self.config.labels_count if labels else 0)
+
+    def _on_frame(self, open_: _Outstanding | None, item: bytes | OversizedMessage, received_ns: int
+                  ) -> _Outstanding | None:
+        if open_ is None:
+            log.warning("unsolicited frame dropped")
+            return None
+        try:
+            if isinstance(item, OversizedMessage):
+                raise item
+            message = parse_message(item)
+            if isinstance(message, Answer | ErrorReply) and message.seq is not None and (
+                    message.seq < open_.challenge.seq):
+                log.warning("answer to expired challenge %s dropped", message.seq)
+                return open_  # the challenge it answers was already recorded as missing
+            if isinstance(message, ErrorReply):
+                self._finish(open_, received_ns, None, message.code)
+                return None
+            self._finish(open_, received_ns, match_answer(open_.challenge, message), None)
+        except SpotcheckError as exc:
+            log.warning("refused an answer from %s: %s", open_.challenge.device_id, exc)
+            self._finish(open_, received_ns, None, exc.code)
+        return None
+
+    @staticmethod
+    def _on_dead(selector: selectors.BaseSelector, sock: socket.socket, device_id: str, dead: set[str]) -> None:
+        if device_id not in dead:
+            log.warning("device %s closed its connection", device_id)
+            selector.unregister(sock)
+            dead.add(device_id)
+
+    def run(self) -> list[ExchangeRecord]:
+        """Run the challenge loop and return every exchange."""
+        selector = selectors.DefaultSelector()
+        socks: dict[str, socket.socket] = {}
+        for device_id, path in self.config.targets:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            socks[device_id] = sock
+            selector.register(sock, selectors.EVENT_READ, device_id)
+        decoders = {d: FrameDecoder() for d in socks}
+        start = time.monotonic_ns()
+        end = start + int(self.config.run_s * 1e9)
+        timeout_ns = int(self.config.timeout_ms * 1e6)
+        next_send = {d: start + self._next_gap_ns() for d in socks}
+        open_: dict[str, _Outstanding | None] = {d: None for d in socks}
+        dead: set[str] = set()
+        while True:
+            now = time.monotonic_ns()
+            pending = [o.sent_ns + timeout_ns for o in open_.values() if o is not None]
+            if now >= end and not pending:
+                break
+            due = [t for d, t in next_send.items() if open_[d] is None and t < end]
+            wake = min([*pending, *due] + ([end] if now < end else []))  # never a zero timeout after the end
+            for key, _ in selector.select(max(0.0, (wake - now) / 1e9)):
+                received_ns = time.monotonic_ns()
+                device_id = str(key.data)
+                try:
+                    data = socks[device_id].recv(65536)
+                except OSError:
+                    data = b""  # reset by the device: the same as closed
+                if not data:
+                    self._on_dead(selector, socks[device_id], device_id, dead)
+                    continue
+                for item in decoders[device_id].feed(data):
+                    open_[device_id] = self._on_frame(open_[device_id], item, received_ns)
+            now = time.monotonic_ns()
+            for device_id, o in open_.items():
+                if o is not None and (now - o.sent_ns > timeout_ns or device_id in dead):
+                    self._finish(o, None, None, None)  # no answer within the pinger's patience
+                    open_[device_id] = None
+            for device_id in socks:
+                if open_[device_id] is None and next_send[device_id] <= now < end:
+                    challenge = self._new_challenge(device_id)
+                    sent_ns = time.monotonic_ns()
+                    open_[device_id] = _Outstanding(challenge, sent_ns)
+                    next_send[device_id] = sent_ns + self._next_gap_ns()
+                    if device_id in dead:
+                        continue  # recorded as missing at the next pass
+                    try:
+                        socks[device_id].sendall(encode_frame(challenge))
+                    except OSError:  # the device closed or died: its challenges go unanswered from now on
+                        self._on_dead(selector, socks[device_id], device_id, dead)
+        for sock in socks.values():
+            sock.close()
+        return self.records
+
+
+def run_pinger(config: PingerConfig, control: Connection) -> None:
+    """Pinger process entry: run, streaming each exchange to the parent, then send them all."""
+    logging.basicConfig(level=logging.WARNING)
+    records = Pinger(config, control).run()
+    control.send(("done", [asdict(r) for r in records]))

@@ -1,0 +1,355 @@
+"""The simulated cluster: register devices, start worker processes, the pinger and a CPU hog, verify.
+
+Processes come from a forkserver that has imported torch and transformers once, so ten devices start
+in seconds rather than a minute. The run is written to a workload record; the verifier then reads it
+back (it never uses the in-memory logs) and decides each device's windows.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from node.spotcheck.device import Behaviour, DeviceConfig, DeviceLog, run_device
+from node.spotcheck.errors import InvalidSpotParams
+from node.spotcheck.feasibility import FeasibilityInputs, compute_feasibility_margins, is_sound
+from node.spotcheck.pinger import ExchangeRecord, PingerConfig, run_pinger
+from node.spotcheck.record import DeviceRun, process_write_device, read_device_run
+from node.spotcheck.stuffing import StuffingParams, compute_block_on_demand, compute_cone_costs, compute_stuffing
+from node.spotcheck.verify import (
+    DeviceDeclaration,
+    SpotcheckPolicy,
+    WindowMeasurement,
+    WindowVerdict,
+    check_exchanges,
+    decide_window,
+    measure_window,
+    split_windows,
+)
+from node.workload.store import WorkloadRecord
+
+log = logging.getLogger(__name__)
+
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+class SimDeviceSpec(BaseModel):
+    """One device of the simulated cluster and how it behaves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_id: str
+    behaviour: Behaviour = "honest"
+    evict_fraction: float = Field(0.0, ge=0, le=1)
+    far_delay_ms: float = Field(0.0, ge=0)
+    stale_every: int = Field(0, ge=0)
+    declared_fraction: float = Field(1.0, gt=0, le=1)
+    gc_pressure: bool = False
+
+    @property
+    def cheats(self) -> bool:
+        """Check whether this device does undeclared work (anything but honest)."""
+        return self.behaviour != "honest"
+
+
+def get_default_roster(far_delay_ms: float = 1500.0) -> tuple[SimDeviceSpec, ...]:
+    """Return three honest devices (two under forced GC) and one device per attack of issue 18."""
+    return (
+        SimDeviceSpec(device_id="honest-0", gc_pressure=True),
+        SimDeviceSpec(device_id="honest-1"),
+        SimDeviceSpec(device_id="honest-2", gc_pressure=True),
+        SimDeviceSpec(device_id="evict-1pct", behaviour="evict", evict_fraction=0.01),
+        SimDeviceSpec(device_id="evict-10pct", behaviour="evict", evict_fraction=0.10),
+        SimDeviceSpec(device_id="evict-50pct", behaviour="evict", evict_fraction=0.50),
+        SimDeviceSpec(device_id="far-state", behaviour="far_state", far_delay_ms=far_delay_ms),
+        SimDeviceSpec(device_id="recompute", behaviour="recompute"),
+        SimDeviceSpec(device_id="stale-copy", behaviour="stale", stale_every=8),
+        SimDeviceSpec(device_id="capacity-liar", behaviour="liar", declared_fraction=0.5),
+    )
+
+
+class SimConfig(BaseModel):
+    """Everything a simulation run needs; the defaults are the measured sound parameters on this machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: tuple[SimDeviceSpec, ...] = Field(default_factory=get_default_roster)
+    arena_mib: int = Field(64, ge=1, le=4096)
+    block_bytes: int = 16384
+    layers: int = 8
+    state_tokens: int = 32
+    step_interval_ms: float = 100.0
+    run_s: float = Field(40.0, gt=0)
+    window_s: float = Field(20.0, gt=0)
+    rate_hz: float = Field(2.0, gt=0)
+    labels_share: float = 0.5
+    labels_count: int = 64
+    x_ms: float = 500.0
+    min_undeclared_bytes: int = 1 << 20  # no model worth hiding fits in 1 MiB (tiny-llama alone is 26 MB)
+    timeout_ms: float = 10_000.0
+    cpu_hog: bool = True
+    start_timeout_s: float = 300.0
+
+    @property
+    def kind(self) -> str:
+        """Return the device kind of this cluster's accelerators (the verifier's catalog key)."""
+        return f"sim-accel-{self.arena_mib}mib"
+
+    def get_catalog(self) -> dict[str, int]:
+        """Return the verifier's trusted catalog: kind → proximal memory Y in bytes."""
+        return {self.kind: self.arena_mib << 20}
+
+    def get_policy(self) -> SpotcheckPolicy:
+        """Return the verifier's thresholds for this run."""
+        return SpotcheckPolicy(x_ms=self.x_ms, max_late=0, state_tolerance_quanta=0,
+                               capacity_slack_bytes=self.block_bytes, min_challenges=1)
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One device's outcome: its windows' measurements and verdicts, and what it cost to run."""
+
+    device_id: str
+    behaviour: str
+    cheats: bool
+    fill_s: float
+    steps: int
+    gc_pauses_ms: tuple[float, ...]
+    measurements: tuple[WindowMeasurement, ...]
+    verdicts: tuple[WindowVerdict, ...]
+
+    @property
+    def flagged(self) -> bool:
+        """Check whether any window failed."""
+        return any(not v.passed for v in self.verdicts)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The whole run: per-device results, the record it was written to, and whether the run is a success."""
+
+    run_id: str
+    record_path: str
+    devices: tuple[DeviceResult, ...]
+    config: dict[str, Any]
+    feasibility: dict[str, Any]
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        """Check that every cheater was flagged and no honest device was."""
+        return all(d.flagged == d.cheats for d in self.devices)
+
+
+def run_cpu_hog(stop_at: float) -> None:
+    """Burn one core until the monotonic time stop_at (other load on an honest machine)."""
+    x = 0
+    while time.monotonic() < stop_at:
+        for _ in range(100_000):
+            x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+
+
+def get_context() -> Any:
+    """Return a forkserver context that preloads the device module (torch, transformers) once."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["node.spotcheck.device"])
+    return ctx
+
+
+def _device_config(config: SimConfig, spec: SimDeviceSpec, socket_dir: Path, index: int) -> DeviceConfig:
+    arena = config.arena_mib << 20
+    return DeviceConfig(device_id=spec.device_id, socket_path=str(socket_dir / f"{index}.sock"), arena_bytes=arena,
+                        declared_bytes=int(arena * spec.declared_fraction), stuffing_seed=secrets.token_hex(32),
+                        prompt_seed=index, state_tokens=config.state_tokens, block_bytes=config.block_bytes,
+                        layers=config.layers, behaviour=spec.behaviour, evict_fraction=spec.evict_fraction,
+                        far_delay_ms=spec.far_delay_ms, stale_every=spec.stale_every, gc_pressure=spec.gc_pressure,
+                        step_interval_ms=config.step_interval_ms)
+
+
+def _wait_ready(pipes: list[Connection], configs: list[DeviceConfig], timeout_s: float, on_event: OnEvent) -> None:
+    deadline = time.monotonic() + timeout_s
+    for pipe, dc in zip(pipes, configs, strict=True):
+        if not pipe.poll(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"device {dc.device_id} did not get ready in {timeout_s} s")
+        _, info = pipe.recv()
+        on_event("ready", {"device_id": dc.device_id, **info})
+
+
+def run_cluster(config: SimConfig, on_event: OnEvent) -> tuple[list[DeviceConfig], list[DeviceLog],
+                                                                list[ExchangeRecord]]:
+    """Start devices, hog and pinger; run; stop everything; return configs, device logs and exchanges."""
+    ctx = get_context()
+    socket_dir = Path(tempfile.mkdtemp(prefix="vsc-", dir="/tmp"))  # AF_UNIX paths must stay short
+    configs = [_device_config(config, spec, socket_dir, i) for i, spec in enumerate(config.devices)]
+    procs: list[Any] = []
+    pipes: list[Connection] = []
+    try:
+        for dc in configs:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=run_device, args=(dc, child), name=f"device-{dc.device_id}")
+            proc.start()
+            procs.append(proc)
+            pipes.append(parent)
+        _wait_ready(pipes, configs, config.start_timeout_s, on_event)
+        if config.cpu_hog:
+            hog = ctx.Process(target=run_cpu_hog, args=(time.monotonic() + config.run_s + 5,), name="cpu-hog")
+            hog.start()
+            procs.append(hog)
+        parent, child = ctx.Pipe()
+        pinger_config = PingerConfig(targets=tuple((dc.device_id, dc.socket_path) for dc in configs),
+                                     rate_hz=config.rate_hz, labels_share=config.labels_share,
+                                     labels_count=config.labels_count, timeout_ms=config.timeout_ms,
+                                     run_s=config.run_s)
+        pinger = ctx.Process(target=run_pinger, args=(pinger_config, child), name="pinger")
+        pinger.start()
+        procs.append(pinger)
+        while True:
+            kind, payload = parent.recv()
+            if kind == "done":
+                records = [ExchangeRecord(**r) for r in payload]
+                break
+            on_event(kind, payload)
+        logs = []
+        for pipe in pipes:
+            pipe.send("stop")
+        for pipe in pipes:
+            _, device_log = pipe.recv()
+            logs.append(device_log)
+        return configs, logs, records
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def write_run(record_path: Path, run_id: str, config: SimConfig, configs: list[DeviceConfig],
+              logs: list[DeviceLog], records: list[ExchangeRecord]) -> None:
+    """Write every device's run into the workload record."""
+    far_delay_ms = max((spec.far_delay_ms for spec in config.devices), default=0.0)  # the machine's far tier
+    with WorkloadRecord.open(record_path) as record:
+        for dc, device_log in zip(configs, logs, strict=True):
+            params = StuffingParams(n_blocks=device_log.n_blocks, block_bytes=dc.block_bytes, layers=dc.layers,
+                                    parents=dc.parents)
+            mine = tuple(r for r in records if r.device_id == dc.device_id)
+            process_write_device(record, run_id, DeviceRun(
+                device_id=dc.device_id, kind=config.kind, declared_bytes=dc.declared_bytes,
+                stuffing_seed=bytes.fromhex(dc.stuffing_seed), stuffing=params, state_tokens=dc.state_tokens,
+                model="tiny-llama", far_delay_ms=far_delay_ms, log=device_log, exchanges=mine))
+
+
+def verify_device(record: WorkloadRecord, run_id: str, device_id: str, config: SimConfig, model: Any
+                  ) -> tuple[tuple[WindowMeasurement, ...], tuple[WindowVerdict, ...]]:
+    """Verify one device from the record alone: recompute its stuffing and its answered states, decide windows."""
+    from node.spotcheck.workload import WorkloadReplayer, get_weights_digest  # torch only where states are replayed
+
+    run = read_device_run(record, run_id, device_id, config.get_catalog())
+    check_exchanges([run.declaration], run.exchanges)
+    blocks = np.empty((run.declaration.stuffing.n_blocks, run.declaration.stuffing.words), dtype=np.uint64)
+    compute_stuffing(run.declaration.stuffing_seed, run.declaration.stuffing, blocks)
+    if run.weights_digest != get_weights_digest(model):
+        raise InvalidSpotParams(f"ran other weights than the verifier's {run.model}", device=device_id)
+    replayer = WorkloadReplayer(model, run.tokens, run.state_tokens)
+    start = min((e.sent_ns for e in run.exchanges), default=0)
+    windows = split_windows(run.exchanges, start, int(config.window_s * 1e9))
+    measured = tuple(measure_window(run.declaration, w, run.steps, exchanges, blocks, replayer.recompute_state)
+                     for w, exchanges in sorted(windows.items()))
+    policy = config.get_policy()
+    return measured, tuple(decide_window(m, policy) for m in measured)
+
+
+def run_sim(config: SimConfig, out_dir: Path, on_event: OnEvent) -> SimResult:
+    """Run the whole simulation, write the record under out_dir, verify from it, return the result."""
+    from node.spotcheck.workload import build_model
+
+    started = time.monotonic()
+    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+    on_event("phase", {"text": f"starting {len(config.devices)} devices (fill {config.arena_mib} MiB each)"})
+    configs, logs, records = run_cluster(config, on_event)
+    record_path = out_dir / "records" / run_id
+    on_event("phase", {"text": f"writing the workload record {record_path}"})
+    write_run(record_path, run_id, config, configs, logs, records)
+    on_event("phase", {"text": "verifying every device from the record"})
+    model = build_model()
+    results = []
+    with WorkloadRecord.open(record_path, readonly=True) as record:
+        for spec, device_log in zip(config.devices, logs, strict=True):
+            measured, verdicts = verify_device(record, run_id, spec.device_id, config, model)
+            results.append(DeviceResult(device_id=spec.device_id, behaviour=spec.behaviour, cheats=spec.cheats,
+                                        fill_s=device_log.fill_s, steps=len(device_log.steps),
+                                        gc_pauses_ms=tuple(device_log.gc_pauses_ms), measurements=measured,
+                                        verdicts=verdicts))
+            on_event("verdict", {"device_id": spec.device_id, "failures": sorted(
+                {f for v in verdicts for f in v.failures}), "windows": len(verdicts)})
+        on_event("phase", {"text": "measuring Z on an honest device's stuffing"})
+        feasibility = get_feasibility(record, run_id, config, results)
+    return SimResult(run_id=run_id, record_path=str(record_path), devices=tuple(results),
+                     config=config.model_dump(mode="json"), feasibility=feasibility,
+                     elapsed_s=time.monotonic() - started)
+
+
+def measure_z(declaration: DeviceDeclaration) -> float:
+    """Return the seconds to recompute the kept block with the smallest cone (its predecessor kept)."""
+    seed, params = declaration.stuffing_seed, declaration.stuffing
+    index = int(compute_cone_costs(seed, params).argmin())
+    previous = None
+    if index:
+        previous = np.empty((params.n_blocks, params.words), dtype=np.uint64)
+        compute_stuffing(seed, params, previous)
+        previous = previous[index - 1].copy()
+    t0 = time.perf_counter()
+    compute_block_on_demand(seed, params, index, previous)
+    return time.perf_counter() - t0
+
+
+def get_feasibility(record: WorkloadRecord, run_id: str, config: SimConfig, results: list[DeviceResult]
+                    ) -> dict[str, Any]:
+    """Return the measured (X, Y, Z) inputs, their margins and whether they are sound on this machine."""
+    honest = [d for d in results if not d.cheats]
+    if not honest:
+        return {}
+    declaration = read_device_run(record, run_id, honest[0].device_id, config.get_catalog()).declaration
+    latencies = [x for d in honest for m in d.measurements for x in m.latencies_ms]
+    far = max((d.far_delay_ms for d in config.devices), default=0.0)
+    inputs = FeasibilityInputs(x_s=config.x_ms / 1e3, y_bytes=declaration.catalog_bytes,
+                               z_min_s=measure_z(declaration), honest_latency_max_s=max(latencies, default=0) / 1e3,
+                               far_extra_s=far / 1e3,
+                               free_bytes=declaration.catalog_bytes - declaration.accounted_bytes,
+                               min_undeclared_bytes=config.min_undeclared_bytes)
+    margins = compute_feasibility_margins(inputs)
+    return {"inputs": asdict(inputs), "margins": asdict(margins), "sound": is_sound(margins)}
+
+
+def get_result_json(result: SimResult) -> dict[str, Any]:
+    """Return the result as JSON-able data (per device: verdicts, latency summary, counters)."""
+    devices = []
+    for d in result.devices:
+        latencies = [x for m in d.measurements for x in m.latencies_ms]
+        devices.append({
+            "device_id": d.device_id, "behaviour": d.behaviour, "cheats": d.cheats, "flagged": d.flagged,
+            "fill_s": d.fill_s, "steps": d.steps,
+            "gc_pause_ms_max": max(d.gc_pauses_ms, default=0.0),
+            "latency_ms": {"n": len(latencies), "p50": float(np.percentile(latencies, 50)) if latencies else None,
+                           "p99": float(np.percentile(latencies, 99)) if latencies else None,
+                           "max": max(latencies, default=None)},
+            "windows": [{**asdict(v), **{k: getattr(m, k) for k in (
+                "challenges", "state_challenges", "labels_challenges", "missing", "errors", "wrong_labels",
+                "stale_state", "unknown_step")}, "max_state_quanta": max(m.state_quanta, default=0)}
+                for m, v in zip(d.measurements, d.verdicts, strict=True)],
+        })
+    return {"run_id": result.run_id, "ok": result.ok, "elapsed_s": result.elapsed_s, "record": result.record_path,
+            "config": result.config, "feasibility": result.feasibility, "devices": devices}

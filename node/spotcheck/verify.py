@@ -1,0 +1,198 @@
+"""The verifier over one device's log (pure): measure each window, then decide it against a policy.
+
+Inputs come from the workload record: the device's declaration (with Y from the trusted catalog), its
+step events, and the pinger's challenge/response events with the answers. Latencies are the pinger's
+(send → receive on its clock), never the device's. Labels are checked against the stuffing recomputed
+from the seed; state answers against the state re-executed from the recorded inputs (a callable, so the
+engine stays an adapter). ``measure_window`` returns numbers; ``decide_window`` applies the thresholds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from node.spotcheck.answers import (
+    compute_challenge_indices,
+    compute_labels_digest,
+    compute_state_answer,
+    compute_state_distance,
+)
+from node.spotcheck.errors import ReplayedNonce, SpotCode, UnknownDevice
+from node.spotcheck.stuffing import StuffingParams
+from node.spotcheck.wire import Answer
+
+
+@dataclass(frozen=True)
+class DeviceDeclaration:
+    """What a device registered (declared bytes) and what the verifier trusts (the catalog's Y for its kind)."""
+
+    device_id: str
+    kind: str
+    declared_bytes: int
+    catalog_bytes: int
+    state_bytes: int
+    stuffing: StuffingParams
+    stuffing_seed: bytes
+
+    @property
+    def accounted_bytes(self) -> int:
+        """Return the bytes the verifier can account for: identifying state plus kept stuffing."""
+        return self.state_bytes + self.stuffing.total_bytes
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One declared workload step: its index and when its state was complete (device clock)."""
+
+    step: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One challenge and what came back: the pinger's send and receive times, the answer or an error code."""
+
+    device_id: str
+    seq: int
+    kind: str
+    nonce: bytes
+    count: int
+    sent_ns: int
+    received_ns: int | None
+    answer: Answer | None
+    error: SpotCode | None = None
+
+
+@dataclass(frozen=True)
+class WindowMeasurement:
+    """The numbers of one device's window; no threshold applied."""
+
+    device_id: str
+    window: int
+    challenges: int
+    state_challenges: int
+    labels_challenges: int
+    missing: int
+    errors: int
+    wrong_labels: int
+    stale_state: int
+    unknown_step: int
+    latencies_ms: tuple[float, ...]
+    state_quanta: tuple[int, ...]
+    declared_bytes: int
+    catalog_bytes: int
+    accounted_bytes: int
+
+
+class SpotcheckPolicy(BaseModel):
+    """The thresholds a verifier applies (operator settings, from a calibration on the machine)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    x_ms: float = Field(gt=0, le=60_000)
+    max_late: int = Field(0, ge=0)
+    state_tolerance_quanta: int = Field(0, ge=0)
+    capacity_slack_bytes: int = Field(ge=0)
+    min_challenges: int = Field(1, ge=0)
+
+
+@dataclass(frozen=True)
+class WindowVerdict:
+    """A device's verdict for one window: passed, or the failures found (codes for logs and a signed verdict)."""
+
+    device_id: str
+    window: int
+    passed: bool
+    failures: tuple[str, ...]
+
+
+def check_exchanges(declarations: Sequence[DeviceDeclaration], exchanges: Sequence[Exchange]) -> None:
+    """Raise UnknownDevice for an exchange naming an unregistered device, ReplayedNonce for a reused nonce."""
+    known = {d.device_id for d in declarations}
+    seen: set[bytes] = set()
+    for ex in exchanges:
+        if ex.device_id not in known:
+            raise UnknownDevice(f"challenge {ex.seq} names an unregistered device", device=ex.device_id)
+        if ex.nonce in seen:
+            raise ReplayedNonce(f"nonce {ex.nonce.hex()[:16]}… used twice", device=ex.device_id)
+        seen.add(ex.nonce)
+
+
+def _is_stale(steps: Sequence[StepRecord], ends: list[int], step: int, sent_ns: int) -> bool:
+    # stale: a newer step had completed before the challenge was sent
+    newest_before = bisect.bisect_right(ends, sent_ns) - 1
+    return newest_before >= 0 and steps[newest_before].step > step
+
+
+def measure_window(declaration: DeviceDeclaration, window: int, steps: Sequence[StepRecord],
+                   exchanges: Sequence[Exchange], blocks: np.ndarray,
+                   recompute_state: Callable[[int], np.ndarray | None]) -> WindowMeasurement:
+    """Measure one window of one device: latencies, missing, wrong labels, state distances, stale answers."""
+    by_step = {s.step: s for s in steps}
+    ordered = sorted(steps, key=lambda s: s.end_ns)
+    ends = [s.end_ns for s in ordered]
+    latencies: list[float] = []
+    quanta: list[int] = []
+    missing = errors = wrong_labels = stale = unknown = n_state = 0
+    for ex in exchanges:
+        n_state += ex.kind == "state"
+        if ex.answer is None or ex.received_ns is None:
+            missing += 1
+            errors += ex.error is not None
+            continue
+        latencies.append((ex.received_ns - ex.sent_ns) / 1e6)
+        answer = ex.answer
+        if ex.kind == "labels":
+            indices = compute_challenge_indices(ex.nonce, declaration.stuffing.n_blocks, ex.count)
+            wrong_labels += answer.digest != compute_labels_digest(ex.nonce, indices, blocks)
+            continue
+        record = by_step.get(answer.step if answer.step is not None else -1)
+        if record is None or record.end_ns > ex.received_ns:
+            unknown += 1  # a step the device never recorded, or one finished only after it answered
+            continue
+        state = recompute_state(record.step)
+        if state is None:
+            unknown += 1  # a step past the recorded tokens: nothing to re-execute
+            continue
+        stale += _is_stale(ordered, ends, record.step, ex.sent_ns)
+        recomputed = compute_state_answer(state, ex.nonce)
+        quanta.append(compute_state_distance(answer.sketch or (), recomputed))
+    return WindowMeasurement(
+        device_id=declaration.device_id, window=window, challenges=len(exchanges), state_challenges=n_state,
+        labels_challenges=len(exchanges) - n_state, missing=missing, errors=errors, wrong_labels=wrong_labels,
+        stale_state=stale, unknown_step=unknown, latencies_ms=tuple(latencies), state_quanta=tuple(quanta),
+        declared_bytes=declaration.declared_bytes, catalog_bytes=declaration.catalog_bytes,
+        accounted_bytes=declaration.accounted_bytes)
+
+
+def decide_window(m: WindowMeasurement, policy: SpotcheckPolicy) -> WindowVerdict:
+    """Apply the policy: any wrong, stale, unknown or missing answer, too many late ones, or a capacity gap fails."""
+    failures: list[str] = []
+    late = sum(latency > policy.x_ms for latency in m.latencies_ms)
+    checks = [
+        ("late", late > policy.max_late),
+        ("missing", m.missing > 0),
+        ("wrong_labels", m.wrong_labels > 0),
+        ("wrong_state", any(q > policy.state_tolerance_quanta for q in m.state_quanta)),
+        ("stale_state", m.stale_state > 0),
+        ("unknown_step", m.unknown_step > 0),
+        ("capacity", m.declared_bytes != m.catalog_bytes
+         or m.catalog_bytes - m.accounted_bytes > policy.capacity_slack_bytes),
+        ("too_few_challenges", m.challenges < policy.min_challenges),
+    ]
+    failures = [name for name, failed in checks if failed]
+    return WindowVerdict(device_id=m.device_id, window=m.window, passed=not failures, failures=tuple(failures))
+
+
+def split_windows(exchanges: Sequence[Exchange], start_ns: int, window_ns: int) -> dict[int, list[Exchange]]:
+    """Group exchanges by window index ((sent − start) // window) in send order."""
+    windows: dict[int, list[Exchange]] = {}
+    for ex in sorted(exchanges, key=lambda e: e.sent_ns):
+        windows.setdefault(max(0, (ex.sent_ns - start_ns) // window_ns), []).append(ex)
+    return windows

@@ -1,0 +1,95 @@
+"""The declared workload of a simulated device: greedy inference steps of the registry's tiny llama (torch).
+
+Step s feeds the sliding window tokens[s : s+T] and keeps the final-norm hidden states of that window
+(T × hidden float32) as the device's identifying state; a token sampled from the last position is appended
+(greedy decoding of a random model falls into a one-token loop, and a constant state would make a stale copy
+indistinguishable). The tokens are recorded, so a verifier re-executes any step from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from node.engines.hf_convert import compute_state_dict_sha256
+from node.engines.models import get_model_spec
+
+MODEL_NAME = "tiny-llama"
+
+
+def build_model(name: str = MODEL_NAME) -> LlamaForCausalLM:
+    """Build the registry's tiny random llama from its config and seed (the same weights as its build step)."""
+    spec = get_model_spec(name)
+    options: dict[str, Any] = dict(spec.config)
+    config = LlamaConfig(vocab_size=spec.vocab_size, tie_word_embeddings=True, **options)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)  # the seed is the model's identity, as in node.engines.hf_convert
+        model = LlamaForCausalLM(config)  # float32, torch's default dtype
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
+
+
+def get_weights_digest(model: LlamaForCausalLM) -> str:
+    """Return the hex sha256 of the model's weights (what the record names the workload's model by)."""
+    return compute_state_dict_sha256(model).hex()
+
+
+def compute_state(model: LlamaForCausalLM, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (final-norm hidden states of the context, T × hidden float32, and the last position's logits)."""
+    with torch.inference_mode():
+        ids = torch.as_tensor(np.asarray(context, dtype=np.int64))[None]
+        hidden = model.model(input_ids=ids).last_hidden_state
+        logits = model.lm_head(hidden[:, -1])
+    return hidden[0].numpy().astype(np.float32, copy=True), logits[0].numpy().astype(np.float64)
+
+
+def compute_sampled_token(logits: np.ndarray, rng: np.random.Generator) -> int:
+    """Return a token sampled from softmax(logits) (greedy decoding of a random model repeats one token)."""
+    p = np.exp(logits - logits.max())
+    return int(rng.choice(len(p), p=p / p.sum()))
+
+
+def compute_prompt(seed: int, tokens: int, vocab_size: int) -> np.ndarray:
+    """Return the device's prompt: `tokens` ids drawn from a numpy generator with the given seed."""
+    return np.random.default_rng(seed).integers(0, vocab_size, size=tokens).astype(np.int64)
+
+
+class InferenceWorkload:
+    """Sliding-window sampled decoding; `step` returns the new identifying state (the tokens are recorded)."""
+
+    def __init__(self, model: LlamaForCausalLM, prompt: np.ndarray, sampling_seed: int) -> None:
+        self.model = model
+        self.rng = np.random.default_rng(sampling_seed)
+        self.window = len(prompt)
+        self.tokens: list[int] = [int(t) for t in prompt]
+        self.steps = 0
+
+    def step(self) -> tuple[int, np.ndarray]:
+        """Run one step; return (its index, the state)."""
+        s = self.steps
+        state, logits = compute_state(self.model, np.asarray(self.tokens[s:s + self.window]))
+        self.tokens.append(compute_sampled_token(logits, self.rng))
+        self.steps += 1
+        return s, state
+
+
+class WorkloadReplayer:
+    """Re-execute steps of a recorded run from its tokens (the verifier's side), caching states."""
+
+    def __init__(self, model: LlamaForCausalLM, tokens: np.ndarray, window: int) -> None:
+        self.model = model
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.window = window
+        self._cache: dict[int, np.ndarray] = {}
+
+    def recompute_state(self, step: int) -> np.ndarray | None:
+        """Return the state of step `step`, re-executed from tokens[step : step+window] (None past the tokens)."""
+        if step not in self._cache:
+            context = self.tokens[step:step + self.window]
+            if step < 0 or len(context) != self.window:
+                return None
+            self._cache[step], _ = compute_state(self.model, context)
+        return self._cache[step]

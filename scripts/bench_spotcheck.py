@@ -1,0 +1,159 @@
+"""Benchmark the memory spot checks (issue 18) on this machine and write bench-results/spotcheck.json.
+
+1. Stuffing: fill rate (MB/s) of the layered construction and Z, the least time to recompute one kept block
+   (its cone), for the default 64 MiB pool.
+2. Answer cost: per labels and per state challenge, against the workload's step time flat out; the share
+   of a device's time that answering takes at the default rate (goal ≤ 1 %), computed and measured
+   end to end (a flat-out device process with and without a pinger).
+3. Latency: challenge → answer on the pinger's clock for honest devices, idle and under load (a CPU hog,
+   forced GC), p50/p99/max and the share above each candidate X.
+Usage: python scripts/bench_spotcheck.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from node.spotcheck.answers import compute_challenge_indices, compute_labels_digest, compute_state_answer
+from node.spotcheck.sim import SimConfig, SimDeviceSpec, run_cluster
+from node.spotcheck.stuffing import StuffingParams, compute_block_on_demand, compute_cone_costs, compute_stuffing
+from node.spotcheck.workload import InferenceWorkload, build_model, compute_prompt
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench-results" / "spotcheck.json"
+X_CANDIDATES_MS = (50, 100, 150, 250, 500)
+console = Console()
+
+
+def bench_stuffing(mib: int) -> dict[str, float]:
+    """Return the fill rate and Z for a pool of `mib` MiB."""
+    params = StuffingParams(n_blocks=(mib << 20) // 16384)
+    seed = b"\x01" * 32
+    out = np.empty((params.n_blocks, params.words), dtype=np.uint64)
+    t0 = time.perf_counter()
+    compute_stuffing(seed, params, out)
+    fill_s = time.perf_counter() - t0
+    costs = compute_cone_costs(seed, params)
+    cheapest = int(costs.argmin())
+    t0 = time.perf_counter()
+    block = compute_block_on_demand(seed, params, cheapest, out[cheapest - 1] if cheapest else None)
+    z_s = time.perf_counter() - t0
+    assert np.array_equal(block, out[cheapest])
+    return {"pool_mib": mib, "fill_s": fill_s, "fill_mb_s": params.total_bytes / fill_s / 1e6, "z_min_s": z_s,
+            "cone_min_blocks": int(costs.min()), "cone_fraction_of_fill": float(costs.min()) /
+            (params.n_blocks * params.layers)}
+
+
+def bench_answer_cost(seconds: float, rate_hz: float, share: float, count: int) -> dict[str, float]:
+    """Return the workload's step time and each answer's cost (in-process, one thread)."""
+    torch.set_num_threads(1)
+    model = build_model()
+    workload = InferenceWorkload(model, compute_prompt(0, 32, 49152), sampling_seed=0)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        _, state = workload.step()
+    step_s = (time.perf_counter() - t0) / workload.steps
+    params = StuffingParams(n_blocks=(64 << 20) // 16384)
+    blocks = np.zeros((params.n_blocks, params.words), dtype=np.uint64)
+    nonces = [bytes([i]) * 32 for i in range(50)]
+    t0 = time.perf_counter()
+    for n in nonces:
+        compute_state_answer(state, n)
+    state_s = (time.perf_counter() - t0) / len(nonces)
+    t0 = time.perf_counter()
+    for n in nonces:
+        compute_labels_digest(n, compute_challenge_indices(n, params.n_blocks, count), blocks)
+    labels_s = (time.perf_counter() - t0) / len(nonces)
+    busy = rate_hz * (share * labels_s + (1 - share) * state_s)
+    return {"step_ms": step_s * 1e3, "steps_per_s": 1 / step_s, "state_answer_ms": state_s * 1e3,
+            "labels_answer_ms": labels_s * 1e3, "rate_hz": rate_hz, "answer_share_of_time": busy}
+
+
+def summarise(records: list[Any], device_ids: set[str]) -> dict[str, Any]:
+    """Return p50/p99/max and the share above each candidate X of the answered latencies."""
+    lat = np.array([(r.received_ns - r.sent_ns) / 1e6 for r in records
+                    if r.device_id in device_ids and r.received_ns is not None and r.answer_json])
+    missing = sum(1 for r in records if r.device_id in device_ids and r.answer_json is None)
+    return {"n": int(lat.size), "missing": missing, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max()),
+            "share_over_x": {str(x): float((lat > x).mean()) for x in X_CANDIDATES_MS}}
+
+
+def bench_latency(run_s: float, rate_hz: float) -> dict[str, Any]:
+    """Return latency summaries of three honest devices: idle, with a CPU hog, and hog + forced GC."""
+    out: dict[str, Any] = {}
+    for name, hog, gc_pressure in (("idle", False, False), ("cpu_hog", True, False), ("cpu_hog_gc", True, True)):
+        roster = tuple(SimDeviceSpec(device_id=f"h{i}", gc_pressure=gc_pressure) for i in range(3))
+        config = SimConfig(devices=roster, run_s=run_s, rate_hz=rate_hz, cpu_hog=hog, arena_mib=16)
+        _, logs, records = run_cluster(config, lambda kind, payload: None)
+        out[name] = summarise(records, {d.device_id for d in roster})
+        out[name]["gc_pause_ms_max"] = max((p for log in logs for p in log.gc_pauses_ms), default=0.0)
+    return out
+
+
+def bench_end_to_end_cost(run_s: float, rate_hz: float, repeats: int) -> dict[str, Any]:
+    """Return a flat-out device's steps/s without challenges (rate ~0) and at the given rate, alternated."""
+    runs: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(repeats):
+        for label, rate in (("without", 1e-3), ("with", rate_hz)):
+            config = SimConfig(devices=(SimDeviceSpec(device_id="flat"),), run_s=run_s, rate_hz=rate, cpu_hog=False,
+                               arena_mib=16, step_interval_ms=0.0)
+            _, logs, _ = run_cluster(config, lambda kind, payload: None)
+            steps = logs[0].steps
+            inside = [s for s in steps if s[2] - steps[0][2] > 1e9]  # skip the first second
+            runs[label].append(len(inside) / ((inside[-1][2] - inside[0][1]) / 1e9))
+    without, with_ = float(np.median(runs["without"])), float(np.median(runs["with"]))
+    return {"steps_per_s_without": without, "steps_per_s_with": with_, "throughput_loss": 1 - with_ / without,
+            "runs": runs}
+
+
+def main() -> None:
+    """Run the benchmarks, print a table and write JSON."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    config = SimConfig()
+    run_s = 8.0 if args.quick else 30.0
+    results: dict[str, Any] = {"machine": {"cpus": __import__("os").cpu_count()}}
+    results["stuffing"] = bench_stuffing(16 if args.quick else 64)
+    results["answer_cost"] = bench_answer_cost(3.0, config.rate_hz, config.labels_share, config.labels_count)
+    results["end_to_end_cost"] = bench_end_to_end_cost(run_s / 2, config.rate_hz, 1 if args.quick else 3)
+    results["latency"] = bench_latency(run_s, config.rate_hz)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=1))
+    table = Table(title="spot checks on this machine")
+    table.add_column("metric")
+    table.add_column("value")
+    s, c, e = results["stuffing"], results["answer_cost"], results["end_to_end_cost"]
+    rounded = {k: [round(x) for x in v] for k, v in e["runs"].items()}
+    rows = [
+        ("stuffing fill rate", f"{s['fill_mb_s']:.1f} MB/s ({s['pool_mib']} MiB in {s['fill_s']:.2f} s)"),
+        ("Z (cheapest kept block's cone)", f"{s['z_min_s'] * 1e3:.0f} ms ({s['cone_fraction_of_fill']:.0%} of a fill)"),
+        ("workload step", f"{c['step_ms']:.2f} ms"),
+        ("state / labels answer", f"{c['state_answer_ms']:.2f} / {c['labels_answer_ms']:.2f} ms"),
+        (f"answer share of time at {c['rate_hz']} Hz (goal ≤ 1 %)", f"{c['answer_share_of_time']:.2%}"),
+        ("end-to-end throughput loss (median)", f"{e['throughput_loss']:.2%} ({e['steps_per_s_without']:.0f} → "
+                                                f"{e['steps_per_s_with']:.0f} steps/s; runs {rounded})"),
+    ]
+    for name, lat in results["latency"].items():
+        over = ", ".join(f">{x}: {v:.1%}" for x, v in lat["share_over_x"].items())
+        rows.append((f"latency {name}", f"p50 {lat['p50_ms']:.1f} p99 {lat['p99_ms']:.1f} max {lat['max_ms']:.1f} ms "
+                                        f"(n={lat['n']}, missing {lat['missing']}; {over}; GC max "
+                                        f"{lat['gc_pause_ms_max']:.1f} ms)"))
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+import hashlib
+
+import numpy as np
+import pytest
+
+from node.spotcheck.answers import compute_challenge_indices, compute_labels_digest, compute_state_answer
+from node.spotcheck.errors import ReplayedNonce, SpotCode, UnknownDevice
+from node.spotcheck.stuffing import StuffingParams, compute_stuffing
+from node.spotcheck.verify import (
+    DeviceDeclaration,
+    Exchange,
+    SpotcheckPolicy,
+    StepRecord,
+    check_exchanges,
+    decide_window,
+    measure_window,
+    split_windows,
+)
+from node.spotcheck.wire import Answer
+
+PARAMS = StuffingParams(n_blocks=32, block_bytes=128, layers=2)
+SEED = b"\x07" * 32
+MS = 1_000_000
+POLICY = SpotcheckPolicy(x_ms=50, capacity_slack_bytes=128)
+DECL = DeviceDeclaration("dev", "sim", declared_bytes=4096 + 1024, catalog_bytes=4096 + 1024, state_bytes=1024,
+                         stuffing=PARAMS, stuffing_seed=SEED)
+
+
+def state_of(step: int) -> np.ndarray:
+    return np.random.default_rng(step).standard_normal((4, 8)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def blocks() -> np.ndarray:
+    out = np.empty((PARAMS.n_blocks, PARAMS.words), dtype=np.uint64)
+    compute_stuffing(SEED, PARAMS, out)
+    return out
+
+
+STEPS = [StepRecord(s, s * 100 * MS, s * 100 * MS + 10 * MS) for s in range(10)]  # step s done at s·100 + 10 ms
+
+
+def nonce(i: int) -> bytes:
+    return hashlib.sha256(i.to_bytes(4, "big")).digest()
+
+
+def labels_exchange(i: int, blocks: np.ndarray, sent_ms: float, latency_ms: float = 5, tamper: bool = False
+                    ) -> Exchange:
+    n = nonce(i)
+    view = blocks.copy()
+    if tamper:
+        view[:] = 0
+    digest = compute_labels_digest(n, compute_challenge_indices(n, PARAMS.n_blocks, 8), view)
+    answer = Answer(device_id="dev", seq=i, nonce=n.hex(), kind="labels", digest=digest)
+    return Exchange("dev", i, "labels", n, 8, int(sent_ms * MS), int((sent_ms + latency_ms) * MS), answer)
+
+
+def state_exchange(i: int, sent_ms: float, step: int, state_step: int | None = None, latency_ms: float = 5
+                   ) -> Exchange:
+    n = nonce(i)
+    sketch = compute_state_answer(state_of(step if state_step is None else state_step), n)
+    answer = Answer(device_id="dev", seq=i, nonce=n.hex(), kind="state", step=step, sketch=sketch)
+    return Exchange("dev", i, "state", n, 0, int(sent_ms * MS), int((sent_ms + latency_ms) * MS), answer)
+
+
+def verdict(exchanges, blocks, decl=DECL):
+    m = measure_window(decl, 0, STEPS, exchanges, blocks, lambda s: state_of(s) if 0 <= s < 10 else None)
+    return m, decide_window(m, POLICY)
+
+
+def test_an_honest_window_passes(blocks):
+    ex = [labels_exchange(1, blocks, 50), state_exchange(2, 215, step=2), labels_exchange(3, blocks, 400)]
+    m, v = verdict(ex, blocks)
+    assert v.passed, v.failures
+    assert m.state_quanta == (0,) and m.latencies_ms == (5.0, 5.0, 5.0)
+
+
+def test_a_wrong_label_fails(blocks):
+    _, v = verdict([labels_exchange(1, blocks, 50, tamper=True)], blocks)
+    assert v.failures == ("wrong_labels",)
+
+
+def test_a_late_answer_fails(blocks):
+    _, v = verdict([labels_exchange(1, blocks, 50, latency_ms=51)], blocks)
+    assert v.failures == ("late",)
+
+
+def test_a_stale_copy_claiming_the_current_step_fails_on_the_sketch(blocks):
+    _, v = verdict([state_exchange(1, 515, step=5, state_step=1)], blocks)
+    assert v.failures == ("wrong_state",)
+
+
+def test_answering_an_older_step_honestly_is_stale(blocks):
+    _, v = verdict([state_exchange(1, 515, step=3)], blocks)
+    assert v.failures == ("stale_state",)
+
+
+def test_a_step_finished_after_the_answer_or_never_recorded_is_unknown(blocks):
+    # step 5 completes at 510 ms; an answer received at 505 ms cannot be its state
+    _, v = verdict([state_exchange(1, 500, step=5)], blocks)
+    assert v.failures == ("unknown_step",)
+    _, v = verdict([state_exchange(1, 2000, step=42)], blocks)
+    assert "unknown_step" in v.failures
+
+
+def test_a_step_that_ends_between_send_and_answer_is_fine(blocks):
+    # sent at 505 ms (step 4 newest), step 5 ends at 510 ms, the answer at 515 ms names step 5
+    _, v = verdict([state_exchange(1, 505, step=5, latency_ms=10)], blocks)
+    assert v.passed, v.failures
+
+
+def test_missing_and_refused_answers_fail(blocks):
+    ex = Exchange("dev", 1, "labels", nonce(1), 8, 50 * MS, None, None, SpotCode.MALFORMED)
+    m, v = verdict([ex], blocks)
+    assert v.failures == ("missing",) and m.errors == 1
+
+
+def test_capacity_below_the_catalog_fails(blocks):
+    liar = DeviceDeclaration("dev", "sim", declared_bytes=2048, catalog_bytes=DECL.catalog_bytes, state_bytes=1024,
+                             stuffing=StuffingParams(n_blocks=8, block_bytes=128, layers=2), stuffing_seed=SEED)
+    _, v = verdict([], blocks, decl=liar)
+    assert set(v.failures) == {"capacity", "too_few_challenges"}
+
+
+def test_the_log_checks_refuse_unknown_devices_and_replayed_nonces(blocks):
+    a, b = labels_exchange(1, blocks, 50), labels_exchange(1, blocks, 60)
+    with pytest.raises(ReplayedNonce):
+        check_exchanges([DECL], [a, b])
+    with pytest.raises(UnknownDevice):
+        check_exchanges([], [a])
+
+
+def test_windows_split_by_send_time(blocks):
+    ex = [labels_exchange(i, blocks, ms) for i, ms in enumerate((10, 900, 1100, 2500))]
+    windows = split_windows(ex, 0, 1000 * MS)
+    assert {k: len(v) for k, v in windows.items()} == {0: 2, 1: 1, 2: 1}
