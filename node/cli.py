@@ -19,12 +19,18 @@ executer_app = typer.Typer(help="Executer mode: serve a model with verifiable ar
 app.add_typer(executer_app, name="executer")
 from node.cli_chain import chain_app, models_app, stake_app  # noqa: E402 - sub-apps after the root app
 from node.cli_node import keys_app, validator_app  # noqa: E402
+from node.cli_spotcheck import spotcheck_app  # noqa: E402
+from node.cli_training import training_app  # noqa: E402
+from node.cli_workload import workload_app  # noqa: E402
 
 app.add_typer(validator_app, name="validator")
 app.add_typer(keys_app, name="keys")
 app.add_typer(chain_app, name="chain")
 app.add_typer(stake_app, name="stake")
 app.add_typer(models_app, name="models")
+app.add_typer(workload_app, name="workload")
+app.add_typer(training_app, name="training")
+app.add_typer(spotcheck_app, name="spotcheck")
 console = Console()
 if not console.is_terminal:  # logs and CI: do not wrap hashes and table rows at 80 columns
     console = Console(width=120)
@@ -231,6 +237,8 @@ def executer_serve(
     cache_dir: Path = typer.Option(None, help="Model cache folder (default $VERINFER_CACHE or ~/.cache/verinfer)."),
     api_config: Path = typer.Option(None, help="API access TOML: keys, max_queue, max_concurrent_per_client, "
                                     "queue_timeout (see config/executer-api.example.toml; $VERINFER_API_* win)."),
+    workload_record: Path = typer.Option(None, help="Record every served inference in this workload record "
+                                         "(node/workload; off by default)."),
 ) -> None:
     """Serve the OpenAI-compatible API; every response carries fingerprints and the artifact root."""
     from aiohttp import web
@@ -242,7 +250,7 @@ def executer_serve(
     if backend not in ("transformers", "vllm"):
         raise typer.BadParameter("backend must be transformers or vllm")
     settings = ExecuterSettings(model, backend, device, dtype or None, threads or None, True,  # type: ignore[arg-type]
-                                cache_dir)
+                                cache_dir, workload_record)
     api_settings = load_api_settings(api_config)
     service, profile_path, profile = load_executer(settings)
     console.print(f"serving {model} ({backend}, {service.engine.info.dtype}, {device}) on http://{host}:{port}/v1 "
