@@ -255,8 +255,9 @@ def executer_serve(
     service, profile_path, profile = load_executer(settings)
     console.print(f"serving {model} ({backend}, {service.engine.info.dtype}, {device}) on http://{host}:{port}/v1 "
                   f"model id 0x{service.files.model_id.hex()}")
-    web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings), host=host, port=port,
-                print=None)
+    recorder = getattr(service.recorder, "record", None)  # serve the record read-only beside the API (keys needed)
+    web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings, recorder), host=host,
+                port=port, print=None)
 
 
 @executer_app.command("run")

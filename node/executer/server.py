@@ -35,7 +35,7 @@ from aiohttp import web
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from node.errors import InvalidInput, VerinferError
+from node.errors import FatalError, InvalidInput, Reason, VerinferError
 from node.executer.api import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -484,8 +484,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 def create_app(service: ExecuterService, profile_path: str, calibrated: bool,
-               settings: ApiSettings | None = None) -> web.Application:
-    """Return the aiohttp application serving one executer (settings None: open, default limits)."""
+               settings: ApiSettings | None = None, workload: Any = None) -> web.Application:
+    """Return the aiohttp application serving one executer (settings None: open, default limits).
+
+    ``workload``: a WorkloadRecord to serve read-only under /v1/workload/, behind the API keys; it
+    holds prompts, outputs and tensors, so it is never served without a key (refused at start-up).
+    """
     app = web.Application(middlewares=[error_middleware], client_max_size=8 * 2**20)
     app[SERVICE_KEY] = service
     app[PROFILE_KEY] = {"path": profile_path, "calibrated": calibrated}
@@ -499,6 +503,14 @@ def create_app(service: ExecuterService, profile_path: str, calibrated: bool,
         web.get("/v1/payloads/{inference_id}", get_payload),
         web.get("/health", health),
     ])
+    if workload is not None:
+        from node.workload.http import create_workload_app
+
+        digests = (settings or get_default_api_settings()).compute_key_digests()
+        if not digests:
+            raise FatalError("the workload record is served only behind API keys: set keys in --api-config "
+                             "or VERINFER_API_KEYS", Reason.OUT_OF_RANGE)
+        app.add_subapp("/v1/workload", create_workload_app(workload, digests, prefix=""))
     return app
 
 

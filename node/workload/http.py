@@ -112,15 +112,16 @@ async def get_devices(request: web.Request) -> web.Response:
                                                             "links": [to_json(x) for x in r.links()]}))
 
 
-def create_workload_app(record: WorkloadRecord, key_digests: Sequence[bytes] = ()) -> web.Application:
-    """Return the read-only workload API as an aiohttp sub-application (mount it under the node's server)."""
+def create_workload_app(record: WorkloadRecord, key_digests: Sequence[bytes] = (),
+                        prefix: str = "/v1/workload") -> web.Application:
+    """Return the read-only workload API (prefix "": routes for mounting with add_subapp("/v1/workload", …))."""
     app = web.Application(middlewares=[_auth(tuple(key_digests))])
     app[RECORD_KEY] = record
-    app.router.add_get("/v1/workload/graphs", list_graphs)
-    app.router.add_get("/v1/workload/graphs/{graph_id}", get_graph)
-    app.router.add_get("/v1/workload/graphs/{graph_id}/traces", get_graph_traces)
-    app.router.add_get("/v1/workload/traces/{trace_id:.+?}/tensors", get_trace_tensors)
-    app.router.add_get("/v1/workload/traces/{trace_id:.+}", get_trace)
-    app.router.add_get("/v1/workload/tensors/{sha256}", get_tensor)
-    app.router.add_get("/v1/workload/devices", get_devices)
+    app.router.add_get(f"{prefix}/graphs", list_graphs)
+    app.router.add_get(f"{prefix}/graphs/{{graph_id}}", get_graph)
+    app.router.add_get(f"{prefix}/graphs/{{graph_id}}/traces", get_graph_traces)
+    app.router.add_get(f"{prefix}/traces/{{trace_id:.+?}}/tensors", get_trace_tensors)
+    app.router.add_get(f"{prefix}/traces/{{trace_id:.+}}", get_trace)
+    app.router.add_get(f"{prefix}/tensors/{{sha256}}", get_tensor)
+    app.router.add_get(f"{prefix}/devices", get_devices)
     return app

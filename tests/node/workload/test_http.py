@@ -55,3 +55,29 @@ async def _exercise(rec: WorkloadRecord, gid: str, sha: str, bad: str) -> None:
         damaged = await client.get(f"/v1/workload/tensors/{bad}", headers=auth)
         assert damaged.status == 409 and (await damaged.json())["reason"] == "CORRUPTED_ENTRY"
         assert (await client.post("/v1/workload/graphs", headers=auth)).status == 405  # read-only
+
+
+def test_the_executer_serves_the_record_only_behind_its_api_keys(tmp_path: Path, tiny: object) -> None:
+    import pytest
+
+    from node.checks.fingerprint import FingerprintThresholds
+    from node.errors import FatalError
+    from node.executer.server import create_app, load_api_settings
+    from node.executer.service import ExecuterService
+
+    service = ExecuterService(tiny.files, tiny.tokenizer, tiny.engine,  # type: ignore[attr-defined]
+                              FingerprintThresholds(2, 1.0, 1.0, 0))
+    with WorkloadRecord.open(tmp_path / "rec") as rec:
+        rec.put_device(Device("h0", "h0", "cpu", 1))
+        with pytest.raises(FatalError, match="behind API keys"):
+            create_app(service, "profile", True, load_api_settings(None), workload=rec)
+        app = create_app(service, "profile", True, load_api_settings(None, keys=[KEY]), workload=rec)
+        asyncio.run(_exercise_executer(app))
+
+
+async def _exercise_executer(app: object) -> None:
+    async with TestClient(TestServer(app)) as client:  # type: ignore[arg-type]
+        assert (await client.get("/v1/workload/devices")).status == 401
+        devices = await (await client.get("/v1/workload/devices", headers={"Authorization": f"Bearer {KEY}"})).json()
+        assert [d["device_id"] for d in devices["devices"]] == ["h0"]
+        assert (await client.get("/health")).status == 200  # the executer's own routes are unchanged
