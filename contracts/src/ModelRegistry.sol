@@ -9,6 +9,8 @@ import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
 ///         Punitive: past the slash threshold an operator is slashed and jailed.
 abstract contract ModelRegistry is AccessControl {
     bytes32 public constant GOVERNOR_ROLE = keccak256("GOVERNOR_ROLE");
+    /// @notice Contracts beside the hub allowed to slash an operator (Verinfer.slashForModule).
+    bytes32 public constant MODULE_ROLE = keccak256("MODULE_ROLE");
 
     enum ModelState {
         None,

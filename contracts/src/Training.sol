@@ -2,22 +2,20 @@
 pragma solidity 0.8.28;
 
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
-import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
-
-/// @notice The validator weights of the verinfer hub (Staking.weightAt), read, never written.
-interface IStakeWeights {
-    function weightAt(address who, uint256 blockNumber) external view returns (uint256);
-}
+import {StakeQuorum, IValidatorSet} from "./StakeQuorum.sol";
 
 /// @title Training runs: a bonded prover anchors its ledger heads, randomness after each anchor draws audits,
 ///        validators' EIP-712 verdicts settle them, and a failed or missed audit forfeits the run's bond.
 /// @dev The ledger head h(t) chains every earlier step, so one anchor every m steps commits them all.
 ///      Audits of an anchor's steps are drawn from blockhash(anchorBlock + 1): fixed only after the anchor.
-///      A verdict counts the signers' hub weights at the anchor block (stake bonded later cannot join);
-///      a missed deadline is a verdict too (reason LATE_RESPONSE, 712), signed by the validators who saw it.
-contract Training is EIP712, ReentrancyGuard {
+///      The weight positions I(t) named in window w derive from `beacon(runId, w)`: the hash of the block after
+///      the previous anchor (after the registration for w = 0), so the prover learns them only then.
+///      A verdict needs a supermajority of the hub's validator weight at the anchor block (StakeQuorum: stake
+///      bonded later cannot join, one validator cannot slash); a missed deadline is a verdict too (reason
+///      LATE_RESPONSE, 712), voted by the validators who saw it.
+contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     uint256 public constant WAD = 1e18;
     uint16 public constant LATE_RESPONSE = 712;
     bytes32 public constant VERDICT_TYPEHASH =
@@ -35,6 +33,7 @@ contract Training is EIP712, ReentrancyGuard {
         uint32 finishedBlock; // 0 while running
         uint8 initStrategy;
         bool slashed;
+        uint64 registeredBlock;
     }
 
     struct Anchor {
@@ -42,12 +41,17 @@ contract Training is EIP712, ReentrancyGuard {
         uint64 lastStep;
         uint64 blockNumber;
         bytes32 head;
+        bytes32 beacon; // the randomness the window's named positions I(t) derive from
     }
 
-    IStakeWeights public immutable hub;
+    struct Vote {
+        bool valid;
+        uint16 reason;
+        bytes signature;
+    }
+
     address public immutable treasury;
     uint256 public immutable minBond;
-    uint256 public immutable minVerdictWeight; // Σ signer weight a verdict needs
     uint256 public immutable verdictWindow; // blocks after an anchor's draw block in which its verdicts settle
     uint8 public constant INIT_STRATEGIES = 1; // 0: normal(0, 0.02) matrices, unit norms
 
@@ -57,6 +61,8 @@ contract Training is EIP712, ReentrancyGuard {
     /// @notice 0 unsettled, 1 passed, 2 failed — per run and step
     mapping(bytes32 => mapping(uint64 => uint8)) public auditResult;
     mapping(address => uint256) public credits;
+    /// @notice A beacon fixed before its window is anchored (`fixBeacon`), so a long window outlives blockhash's 256 blocks.
+    mapping(bytes32 => bytes32) public pendingBeacon;
 
     event RunRegistered(bytes32 indexed runId, address indexed prover, uint256 bond, uint64 auditRateWad);
     event Anchored(bytes32 indexed runId, uint256 indexed index, uint64 firstStep, uint64 lastStep, bytes32 head);
@@ -64,6 +70,7 @@ contract Training is EIP712, ReentrancyGuard {
     event RunSlashed(bytes32 indexed runId, uint64 step, uint16 reason, uint256 amount);
     event RunFinished(bytes32 indexed runId, uint64 lastStep);
     event BondReturned(bytes32 indexed runId, uint256 amount);
+    event BeaconFixed(bytes32 indexed runId, uint256 indexed index, bytes32 beacon);
 
     error BondTooLow(uint256 bond, uint256 minimum);
     error RunExists(bytes32 runId);
@@ -76,22 +83,16 @@ contract Training is EIP712, ReentrancyGuard {
     error DrawExpired(uint256 expiredAt);
     error NotAudited(bytes32 runId, uint64 step);
     error AlreadySettled(bytes32 runId, uint64 step);
-    error SignersNotSorted();
-    error NotAValidator(address signer);
-    error WeightTooLow(uint256 weight, uint256 minimum);
     error TooEarly(uint256 readyAt);
     error NothingToClaim();
 
-    constructor(IStakeWeights hub_, address treasury_, uint256 minBond_, uint256 minVerdictWeight_, uint256 verdictWindow_)
+    constructor(IValidatorSet hub_, address treasury_, uint256 minBond_, uint256 minSigners_, uint256 verdictWindow_)
         EIP712("verinfer-training", "1")
+        StakeQuorum(hub_, minSigners_)
     {
-        if (verdictWindow_ == 0 || verdictWindow_ > 250 || minVerdictWeight_ == 0 || treasury_ == address(0)) {
-            revert BadParams();
-        }
-        hub = hub_;
+        if (verdictWindow_ == 0 || verdictWindow_ > 250 || treasury_ == address(0)) revert BadParams();
         treasury = treasury_;
         minBond = minBond_;
-        minVerdictWeight = minVerdictWeight_;
         verdictWindow = verdictWindow_;
     }
 
@@ -124,7 +125,8 @@ contract Training is EIP712, ReentrancyGuard {
             anchors: 0,
             finishedBlock: 0,
             initStrategy: initStrategy,
-            slashed: false
+            slashed: false,
+            registeredBlock: uint64(block.number)
         });
         emit RunRegistered(runId, msg.sender, msg.value, auditRateWad);
     }
@@ -138,8 +140,10 @@ contract Training is EIP712, ReentrancyGuard {
         uint64 full = r.anchors == 0 ? r.anchorEvery : r.lastStep + r.anchorEvery;
         if (lastStep < first || lastStep > full) revert BadWindow(first, lastStep);
         uint256 index = r.anchors;
+        bytes32 b = beacon(runId, index);
+        delete pendingBeacon[runId];
         anchors[runId][index] =
-            Anchor({firstStep: first, lastStep: lastStep, blockNumber: uint64(block.number), head: head});
+            Anchor({firstStep: first, lastStep: lastStep, blockNumber: uint64(block.number), head: head, beacon: b});
         r.anchors = uint32(index + 1);
         r.lastStep = lastStep;
         if (lastStep < full) r.finishedBlock = uint32(block.number); // a short window ends the run
@@ -153,6 +157,29 @@ contract Training is EIP712, ReentrancyGuard {
         if (msg.sender != r.prover) revert NotProver(msg.sender);
         r.finishedBlock = uint32(block.number);
         emit RunFinished(runId, r.lastStep);
+    }
+
+    /// @notice The randomness of window `index`'s named positions: stored once anchored (or fixed); for the next
+    ///         window, the hash of the block after the previous anchor (after the registration for window 0).
+    function beacon(bytes32 runId, uint256 index) public view returns (bytes32) {
+        Run storage r = runs[runId];
+        if (r.prover == address(0) || index > r.anchors) revert BadWindow(0, 0);
+        if (index < r.anchors) return anchors[runId][index].beacon;
+        bytes32 pending = pendingBeacon[runId];
+        if (pending != bytes32(0)) return pending;
+        uint256 source = (index == 0 ? uint256(r.registeredBlock) : uint256(anchors[runId][index - 1].blockNumber)) + 1;
+        if (block.number <= source) revert DrawNotReady(source + 1);
+        if (block.number > source + 256) revert DrawExpired(source + 256);
+        return blockhash(source);
+    }
+
+    /// @notice Store the next window's beacon while its block hash is readable (anyone may; the prover does
+    ///         when a window may take longer than 256 blocks).
+    function fixBeacon(bytes32 runId) external {
+        Run storage r = _running(runId);
+        bytes32 b = beacon(runId, r.anchors);
+        pendingBeacon[runId] = b;
+        emit BeaconFixed(runId, r.anchors, b);
     }
 
     /// @notice The randomness of an anchor's audits: the hash of the block after it (known only then).
@@ -184,43 +211,47 @@ contract Training is EIP712, ReentrancyGuard {
         return _hashTypedDataV4(keccak256(abi.encode(VERDICT_TYPEHASH, runId, step, anchorHead, valid, reason)));
     }
 
-    /// @notice Settle an audited step with validators' signatures (ascending signer addresses, no repeats).
-    ///         Weights are the hub's at the anchor block. An invalid verdict forfeits the whole bond.
-    function submitVerdict(
-        bytes32 runId,
-        uint256 index,
-        uint64 step,
-        bool valid,
-        uint16 reason,
-        bytes[] calldata signatures
-    ) external nonReentrant {
-        Run storage r = runs[runId];
+    /// @notice Count validators' signed votes on an audited step (anyone may relay them; a vote counted already
+    ///         is skipped). Weights are the hub's at the end of the block before the anchor; a supermajority
+    ///         settles the audit, and an invalid result forfeits the whole bond.
+    function submitVotes(bytes32 runId, uint256 index, uint64 step, Vote[] calldata votes) external nonReentrant {
         Anchor storage a = anchors[runId][index];
         if (!isAudited(runId, index, step)) revert NotAudited(runId, step);
         if (block.number > uint256(a.blockNumber) + 1 + verdictWindow) revert DrawExpired(a.blockNumber + 1 + verdictWindow);
         if (auditResult[runId][step] != 0) revert AlreadySettled(runId, step);
-        uint256 weight = _countWeight(verdictDigest(runId, step, a.head, valid, reason), signatures, a.blockNumber);
-        if (weight < minVerdictWeight) revert WeightTooLow(weight, minVerdictWeight);
+        bytes32 key = _auditKey(runId, step);
+        uint8 result;
+        for (uint256 v; v < votes.length; ++v) {
+            Vote calldata vote = votes[v];
+            bytes32 digest = verdictDigest(runId, step, a.head, vote.valid, vote.reason);
+            result = _countVote(key, digest, vote.valid, vote.reason, vote.signature, uint256(a.blockNumber) - 1);
+            if (result != 0) {
+                _settle(runId, step, key, vote.reason, result == 1);
+                return;
+            }
+        }
+    }
+
+    /// @notice Whether `validator`'s vote on the audit of `step` is counted.
+    function hasVoted(bytes32 runId, uint64 step, address validator) external view returns (bool) {
+        return isCounted(_auditKey(runId, step), validator);
+    }
+
+    function _auditKey(bytes32 runId, uint64 step) private pure returns (bytes32) {
+        return keccak256(abi.encode(runId, step));
+    }
+
+    function _settle(bytes32 runId, uint64 step, bytes32 key, uint16 reason, bool valid) private {
+        Run storage r = runs[runId];
         auditResult[runId][step] = valid ? 1 : 2;
-        emit AuditSettled(runId, step, valid, reason, weight);
+        Tally storage t = tallies[key];
+        emit AuditSettled(runId, step, valid, reason, valid ? t.validWeight : t.invalidWeight);
         if (!valid && !r.slashed) {
             uint256 amount = r.bond;
             r.slashed = true;
             r.bond = 0;
             credits[treasury] += amount;
             emit RunSlashed(runId, step, reason, amount);
-        }
-    }
-
-    function _countWeight(bytes32 digest, bytes[] calldata signatures, uint64 atBlock) private view returns (uint256 total) {
-        address last = address(0); // signers strictly ascending: no signature counts twice
-        for (uint256 i; i < signatures.length; ++i) {
-            address signer = ECDSA.recover(digest, signatures[i]);
-            if (signer <= last) revert SignersNotSorted();
-            last = signer;
-            uint256 w = hub.weightAt(signer, atBlock - 1); // as the hub: weights at the end of the block before
-            if (w == 0) revert NotAValidator(signer);
-            total += w;
         }
     }
 

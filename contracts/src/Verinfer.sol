@@ -582,6 +582,19 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         _jail(operator);
     }
 
+    // ---- modules ---------------------------------------------------------------------------------
+
+    /// @notice A module beside the hub (spot-check windows) punishes an operator its validator supermajority
+    ///         found failing: the hub's slash (slashBps) to the treasury, P = P_MAX, jailed. Modules are granted
+    ///         MODULE_ROLE by the admin.
+    function slashForModule(address operator, bytes32 cause) external onlyRole(MODULE_ROLE) returns (uint256 amount) {
+        if (stakers[operator].role != Role.Operator) revert NotOperator(operator);
+        amount = _slash(operator, slashBps, type(uint256).max, cause);
+        _credit(treasury, amount);
+        stakers[operator].spoofP = uint64(Protocol.P_MAX);
+        _jail(operator);
+    }
+
     /// @notice An inference's stored record.
     function getInference(uint256 id) external view returns (Inference memory) {
         return inferences[id];

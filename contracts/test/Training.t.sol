@@ -3,7 +3,8 @@ pragma solidity 0.8.28;
 
 import {Fixture} from "./Fixture.sol";
 import {Staking} from "../src/Staking.sol";
-import {Training, IStakeWeights} from "../src/Training.sol";
+import {Training} from "../src/Training.sol";
+import {StakeQuorum, IValidatorSet} from "../src/StakeQuorum.sol";
 
 /// @dev Training runs against the hub's validator weights (three validators of 5 ether each).
 contract TrainingTest is Fixture {
@@ -16,7 +17,7 @@ contract TrainingTest is Fixture {
 
     function setUp() public override {
         super.setUp();
-        tr = new Training(IStakeWeights(address(hub)), TREASURY, 1 ether, 6 ether, 100);
+        tr = new Training(IValidatorSet(address(hub)), TREASURY, 1 ether, 2, 100);
         prover = vm.addr(PROVER_KEY);
         vm.deal(prover, 10 ether);
         vm.prank(prover);
@@ -24,8 +25,9 @@ contract TrainingTest is Fixture {
     }
 
     function anchorNext(uint64 lastStep, bytes32 head) internal returns (uint256 index) {
-        (,,,,,,, uint32 n,,,) = tr.runs(RUN);
+        (,,,,,,, uint32 n,,,,) = tr.runs(RUN);
         index = n;
+        vm.roll(vm.getBlockNumber() + 2); // the window's beacon is the hash of a block already mined
         vm.prank(prover);
         tr.anchor(RUN, lastStep, head);
     }
@@ -35,12 +37,24 @@ contract TrainingTest is Fixture {
         return abi.encodePacked(r, s, v);
     }
 
-    /// @dev Two signatures (10 ether ≥ 6 ether) sorted by signer address.
-    function sigs2(uint64 step, bytes32 head, bool valid, uint16 reason) internal view returns (bytes[] memory out) {
-        out = new bytes[](2);
-        (uint256 a, uint256 b) = vals[0] < vals[1] ? (VAL_KEYS[0], VAL_KEYS[1]) : (VAL_KEYS[1], VAL_KEYS[0]);
-        out[0] = sig(a, step, head, valid, reason);
-        out[1] = sig(b, step, head, valid, reason);
+    function vote(uint256 key, uint64 step, bytes32 head, bool valid, uint16 reason)
+        internal
+        view
+        returns (Training.Vote memory)
+    {
+        return Training.Vote({valid: valid, reason: reason, signature: sig(key, step, head, valid, reason)});
+    }
+
+    /// @dev The votes of the first `n` fixture validators (5 ether each of 15: two are a supermajority).
+    function votes(uint256 n, uint64 step, bytes32 head, bool valid, uint16 reason)
+        internal
+        view
+        returns (Training.Vote[] memory out)
+    {
+        out = new Training.Vote[](n);
+        for (uint256 i; i < n; ++i) {
+            out[i] = vote(VAL_KEYS[i], step, head, valid, reason);
+        }
     }
 
     function firstAudited(uint256 index, uint64 from, uint64 to) internal view returns (uint64) {
@@ -69,9 +83,8 @@ contract TrainingTest is Fixture {
         vm.expectRevert(abi.encodeWithSelector(Training.BadWindow.selector, 0, 6));
         tr.anchor(RUN, 6, keccak256("h6"));
         anchorNext(5, keccak256("h5"));
-        vm.roll(block.number + 1);
         anchorNext(10, keccak256("h10"));
-        (uint64 first, uint64 last,, bytes32 head) = tr.anchors(RUN, 1);
+        (uint64 first, uint64 last,, bytes32 head,) = tr.anchors(RUN, 1);
         assertEq(first, 6, "second window starts after the first");
         assertEq(last, 10, "m steps");
         assertEq(head, keccak256("h10"), "head");
@@ -81,7 +94,7 @@ contract TrainingTest is Fixture {
         uint256 index = anchorNext(5, keccak256("h5"));
         vm.expectRevert(abi.encodeWithSelector(Training.DrawNotReady.selector, block.number + 2));
         tr.isAudited(RUN, index, 1);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         bytes32 seed = tr.auditSeed(RUN, index);
         assertEq(seed, blockhash(block.number - 1), "seed is the hash of the block after the anchor");
         uint256 audited;
@@ -96,61 +109,83 @@ contract TrainingTest is Fixture {
     function test_anInvalidVerdictForfeitsTheBondToTheTreasury() public {
         bytes32 head = keccak256("h5");
         uint256 index = anchorNext(5, head);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         uint64 step = firstAudited(index, 0, 5);
-        tr.submitVerdict(RUN, index, step, false, 709, sigs2(step, head, false, 709));
+        tr.submitVotes(RUN, index, step, votes(2, step, head, false, 709));
         assertEq(tr.auditResult(RUN, step), 2, "failed");
         assertEq(tr.credits(TREASURY), 2 ether, "bond to the treasury");
-        (, uint96 bond,,,,,,,,, bool slashed) = tr.runs(RUN);
+        (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(RUN);
         assertEq(uint256(bond), 0, "bond gone");
         assertTrue(slashed, "slashed");
         vm.prank(prover);
         vm.expectRevert(abi.encodeWithSelector(Training.NotRunning.selector, RUN));
         tr.anchor(RUN, 10, keccak256("h10"));
-        bytes[] memory again = sigs2(step, head, true, 0);
+        Training.Vote[] memory again = votes(3, step, head, true, 0);
         vm.expectRevert(abi.encodeWithSelector(Training.AlreadySettled.selector, RUN, step));
-        tr.submitVerdict(RUN, index, step, true, 0, again);
+        tr.submitVotes(RUN, index, step, again);
     }
 
     function test_aValidVerdictKeepsTheBondAndItIsReturnedAfterTheWindow() public {
         bytes32 head = keccak256("h3");
         uint256 index = anchorNext(3, head); // a short first window ends the run
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         uint64 step = firstAudited(index, 0, 3);
-        tr.submitVerdict(RUN, index, step, true, 0, sigs2(step, head, true, 0));
+        tr.submitVotes(RUN, index, step, votes(2, step, head, true, 0));
         assertEq(tr.auditResult(RUN, step), 1, "passed");
         vm.prank(prover);
         vm.expectRevert();
         tr.withdrawBond(RUN);
-        vm.roll(block.number + 200);
+        vm.roll(vm.getBlockNumber() + 200);
         uint256 before = prover.balance;
         vm.prank(prover);
         tr.withdrawBond(RUN);
         assertEq(prover.balance - before, 2 ether, "bond back");
     }
 
-    function test_verdictsNeedWeightSortedSignersAndAnAuditedStep() public {
+    function test_oneValidatorCannotSettleAndVotesAreIdempotent() public {
         bytes32 head = keccak256("h5");
         uint256 index = anchorNext(5, head);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         uint64 step = firstAudited(index, 0, 5);
-        bytes[] memory one = new bytes[](1);
-        one[0] = sig(VAL_KEYS[0], step, head, false, 709);
-        vm.expectRevert(abi.encodeWithSelector(Training.WeightTooLow.selector, 5 ether, 6 ether));
-        tr.submitVerdict(RUN, index, step, false, 709, one);
-        bytes[] memory twice = new bytes[](2);
-        twice[0] = one[0];
-        twice[1] = one[0];
-        vm.expectRevert(Training.SignersNotSorted.selector);
-        tr.submitVerdict(RUN, index, step, false, 709, twice);
-        bytes[] memory outsider = sigs2(step, head, false, 709);
-        outsider[1] = sig(PROVER_KEY, step, head, false, 709);
-        vm.expectRevert();
-        tr.submitVerdict(RUN, index, step, false, 709, outsider);
+        Training.Vote[] memory one = votes(1, step, head, false, 709);
+        tr.submitVotes(RUN, index, step, one);
+        assertEq(tr.auditResult(RUN, step), 0, "one of three validators is no verdict");
+        assertTrue(tr.hasVoted(RUN, step, vals[0]), "counted");
+        tr.submitVotes(RUN, index, step, one); // the same vote again is skipped, not counted twice
+        assertEq(tr.auditResult(RUN, step), 0, "a repeated vote does not reach the quorum");
+        (, uint96 bond,,,,,,,,,,) = tr.runs(RUN);
+        assertEq(uint256(bond), 2 ether, "bond intact");
+        // a second validator voting valid splits the committee: still no verdict (5 + 5 of 15 each way needs 10)
+        Training.Vote[] memory other = new Training.Vote[](1);
+        other[0] = vote(VAL_KEYS[1], step, head, true, 0);
+        tr.submitVotes(RUN, index, step, other);
+        assertEq(tr.auditResult(RUN, step), 0, "5 against 5: open");
+        other[0] = vote(VAL_KEYS[2], step, head, false, 709);
+        tr.submitVotes(RUN, index, step, other);
+        assertEq(tr.auditResult(RUN, step), 2, "10 of 15 invalid settles");
+    }
+
+    function test_votesNeedValidatorsAndAnAuditedStep() public {
+        bytes32 head = keccak256("h5");
+        uint256 index = anchorNext(5, head);
+        vm.roll(vm.getBlockNumber() + 2);
+        uint64 step = firstAudited(index, 0, 5);
+        Training.Vote[] memory outsider = new Training.Vote[](1);
+        outsider[0] = vote(PROVER_KEY, step, head, false, 709);
+        vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, prover));
+        tr.submitVotes(RUN, index, step, outsider);
         // a signature over another head or outcome recovers another signer: not a validator
-        bytes[] memory wrong = sigs2(step, keccak256("other"), false, 709);
+        Training.Vote[] memory wrong = votes(2, step, keccak256("other"), false, 709);
         vm.expectRevert();
-        tr.submitVerdict(RUN, index, step, false, 709, wrong);
+        tr.submitVotes(RUN, index, step, wrong);
+        for (uint64 t; t <= 5; ++t) {
+            if (!tr.isAudited(RUN, index, t)) {
+                Training.Vote[] memory unaudited = votes(2, t, head, false, 709);
+                vm.expectRevert(abi.encodeWithSelector(Training.NotAudited.selector, RUN, t));
+                tr.submitVotes(RUN, index, t, unaudited);
+                break;
+            }
+        }
     }
 
     function test_stakeBondedAfterTheAnchorDoesNotCount() public {
@@ -158,11 +193,59 @@ contract TrainingTest is Fixture {
         uint256 index = anchorNext(5, head);
         uint256 lateKey = 0xD00D;
         bondAs(vm.addr(lateKey), Staking.Role.Validator, 50 ether);
-        vm.roll(block.number + 2);
+        vm.roll(vm.getBlockNumber() + 2);
         uint64 step = firstAudited(index, 0, 5);
-        bytes[] memory late = new bytes[](1);
-        late[0] = sig(lateKey, step, head, false, 709);
-        vm.expectRevert(abi.encodeWithSelector(Training.NotAValidator.selector, vm.addr(lateKey)));
-        tr.submitVerdict(RUN, index, step, false, 709, late);
+        Training.Vote[] memory late = new Training.Vote[](1);
+        late[0] = vote(lateKey, step, head, false, 709);
+        vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, vm.addr(lateKey)));
+        tr.submitVotes(RUN, index, step, late);
+    }
+
+    function test_fewerThanThreeEligibleValidatorsSettleNothing() public {
+        vm.prank(vals[2]);
+        hub.requestUnbond();
+        vm.roll(vm.getBlockNumber() + 1);
+        bytes32 head = keccak256("h5");
+        uint256 index = anchorNext(5, head);
+        vm.roll(vm.getBlockNumber() + 2);
+        uint64 step = firstAudited(index, 0, 5);
+        Training.Vote[] memory two = votes(2, step, head, false, 709);
+        vm.expectRevert(abi.encodeWithSelector(StakeQuorum.TooFewValidators.selector, 2, 3));
+        tr.submitVotes(RUN, index, step, two);
+    }
+
+    function test_namedPositionsBeaconIsTheBlockAfterThePreviousAnchor() public {
+        (,,,,,,,,,,, uint64 registered) = tr.runs(RUN);
+        vm.expectRevert(abi.encodeWithSelector(Training.DrawNotReady.selector, uint256(registered) + 2));
+        tr.beacon(RUN, 0);
+        vm.roll(vm.getBlockNumber() + 2);
+        bytes32 b0 = tr.beacon(RUN, 0);
+        assertEq(b0, blockhash(uint256(registered) + 1), "window 0: the block after the registration");
+        uint256 index = anchorNext(5, keccak256("h5"));
+        (,,,, bytes32 stored) = tr.anchors(RUN, index);
+        assertEq(stored, b0, "stored at the anchor");
+        (,, uint64 anchorBlock,,) = tr.anchors(RUN, index);
+        vm.expectRevert(abi.encodeWithSelector(Training.DrawNotReady.selector, uint256(anchorBlock) + 2));
+        tr.beacon(RUN, 1);
+        vm.roll(vm.getBlockNumber() + 2);
+        bytes32 b1 = tr.beacon(RUN, 1);
+        assertEq(b1, blockhash(uint256(anchorBlock) + 1), "window 1: the block after anchor 0");
+        vm.expectRevert(abi.encodeWithSelector(Training.BadWindow.selector, 0, 0));
+        tr.beacon(RUN, 2);
+        // a long window: fix the beacon before blockhash forgets it
+        tr.fixBeacon(RUN);
+        vm.roll(vm.getBlockNumber() + 300);
+        assertEq(tr.beacon(RUN, 1), b1, "fixed beacon survives 256 blocks");
+        anchorNext(10, keccak256("h10"));
+        (,,,, bytes32 stored1) = tr.anchors(RUN, 1);
+        assertEq(stored1, b1, "anchor keeps the fixed beacon");
+    }
+
+    function test_anAnchorWithAnExpiredUnfixedBeaconReverts() public {
+        anchorNext(5, keccak256("h5"));
+        vm.roll(vm.getBlockNumber() + 300);
+        vm.prank(prover);
+        vm.expectRevert();
+        tr.anchor(RUN, 10, keccak256("h10"));
     }
 }
