@@ -55,6 +55,8 @@ contract SpotCheck is EIP712, StakeQuorum {
 
     /// @notice Open a spot-check run for the sender, a bonded operator; its weight block is the block before.
     function openRun(bytes32 runId) external {
+        // the stake, reputation and counters are not needed to open a run
+        // slither-disable-next-line unused-return
         (,,, uint32 unbondBlock,, uint8 role, bool jailed) = IOperatorHub(address(hub)).stakers(msg.sender);
         if (role != OPERATOR || unbondBlock != 0 || jailed) revert NotAnOperator(msg.sender);
         if (runs[msg.sender][runId].openBlock != 0) revert RunExists(runId);
