@@ -123,10 +123,21 @@ async def _run_in_worker(fn: Callable[[], T], limiter: trio.CapacityLimiter) -> 
     return cast(T, await run(fn, abandon_on_cancel=True, limiter=limiter))
 
 
-async def _read_request(stream: Any) -> PayloadRequest:
+async def _read_request(stream: Any, prefix: bytes = b"") -> PayloadRequest:
     """Read and parse one payload request: the length is checked before the body is read."""
-    n = check_request_length(int.from_bytes(await _read_exact(stream, 4), "big"))
+    head = prefix + await _read_exact(stream, 4 - len(prefix)) if len(prefix) < 4 else prefix
+    n = check_request_length(int.from_bytes(head, "big"))
     return decode_payload_request(await _read_exact(stream, n))
+
+
+async def _read_next_start(stream: Any, keepalive: float) -> bytes:
+    """Return the first bytes of a kept-alive stream's next request, or b"" if the peer ended it or went idle."""
+    with trio.move_on_after(keepalive):
+        try:
+            return bytes(await stream.read(4))
+        except Exception as exc:  # the peer closed or reset its side between requests: a normal end
+            log.debug("kept-alive stream ended: %s", exc)
+    return b""
 
 
 def _get_peer(stream: Any) -> str:
@@ -175,6 +186,8 @@ class P2PHost:
     validate: Callable[[bytes], bool] = lambda _: False  # checked before a message is delivered or relayed
     on_message: Callable[[bytes], None] = lambda _: None  # called (in a worker thread) for every valid message
     request_timeout: float = 5.0  # seconds a peer has to send its whole payload request
+    keepalive: float = 30.0  # seconds a served stream waits for the peer's next request (then it ends)
+    reuse_age: float = 20.0  # seconds a fetched-from stream is kept for the next fetch to the same peer
     validate_budget: float = 2.0  # seconds one gossip validation may take (waiting included); then rejected
     max_streams_per_peer: int = MAX_STREAMS_PER_PEER  # payload streams one peer may have open at once
     max_streams: int = 64  # payload streams all peers together may have open at once
@@ -182,6 +195,9 @@ class P2PHost:
     counts: Counter[str] = field(default_factory=Counter)  # rejected requests and messages, by kind
     _open: Counter[str] = field(default_factory=Counter)  # payload streams being served, by peer
     _fetch_slots: dict[str, trio.Semaphore] = field(default_factory=dict)  # per peer we fetch from
+    streams_served: int = 0  # payload streams admitted (a kept-alive stream carries many requests)
+    requests_served: int = 0  # payload requests answered
+    _idle: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)  # reusable streams (and when) per peer
     _isolated: set[str] = field(default_factory=set)  # protocols whose handler is wrapped by _isolate
 
     def start(self) -> P2PHost:
@@ -326,7 +342,8 @@ class P2PHost:
     # ---- serving payloads ---------------------------------------------------------------------------
 
     async def _serve(self, stream: Any) -> None:
-        """Answer one payload request; whatever the peer sends or the provider does, only this stream ends."""
+        """Answer payload requests on one stream until the peer ends it or stays idle `keepalive` seconds;
+        whatever the peer sends or the provider does, only this stream ends."""
         ok = False
         peer = _get_peer(stream)
         admitted = False
@@ -336,12 +353,19 @@ class P2PHost:
                             f"{self._open.total()} in all", peer=peer)
                 return
             self._open[peer] += 1
+            self.streams_served += 1
             admitted = True
-            with trio.fail_after(self.request_timeout):
-                request = await _read_request(stream)
-            answer = encode_answer(await self._provide(request.inference_id, peer))
-            with trio.fail_after(self.timeout):
-                await stream.write(answer)
+            prefix = b""
+            while True:
+                with trio.fail_after(self.request_timeout):
+                    request = await _read_request(stream, prefix)
+                answer = encode_answer(await self._provide(request.inference_id, peer))
+                with trio.fail_after(self.timeout):
+                    await stream.write(answer)
+                self.requests_served += 1
+                prefix = await _read_next_start(stream, self.keepalive)
+                if not prefix:
+                    break
             ok = True
         except InvalidInput as exc:
             self._count("payload_invalid_request", exc, peer=peer)
@@ -386,19 +410,52 @@ class P2PHost:
                 del self._fetch_slots[peer]
 
     async def _fetch_on_stream(self, info: Any, request: PayloadRequest) -> bytes:
+        """Ask on a stream kept from an earlier fetch to this peer if there is one (no new stream negotiation),
+        once more on a fresh stream if the peer had ended the kept one."""
+        peer = str(info.peer_id)
+        kept = self._take_idle(peer)
+        if kept is not None:
+            try:
+                return await self._exchange(kept, peer, request)
+            except (PayloadNotFound, BadPeerAnswer):
+                raise
+            except Exception as exc:  # the peer ended the kept stream (idle, restart): ask on a fresh one
+                log.debug("kept stream to %s unusable: %s", peer, exc)
         await self._host.connect(info)
         stream = await self._host.new_stream(info.peer_id, [PAYLOAD_PROTOCOL])
+        return await self._exchange(stream, peer, request)
+
+    async def _exchange(self, stream: Any, peer: str, request: PayloadRequest) -> bytes:
+        """Send one request and read its whole answer; a stream left in a known state is kept for reuse."""
+        reusable = False
         try:
             await stream.write(encode_payload_request(request))
             try:
                 status, n = decode_answer_header(await _read_exact(stream, ANSWER_HEADER))
             except InvalidInput as exc:
-                raise BadPeerAnswer(f"{info.peer_id}: {exc}", exc.reason) from exc
+                raise BadPeerAnswer(f"{peer}: {exc}", exc.reason) from exc
             if status == NOT_FOUND:
-                raise PayloadNotFound(f"{info.peer_id} has no payload for {request.inference_id}", Reason.OK)
-            return await _read_exact(stream, n)
+                reusable = True
+                raise PayloadNotFound(f"{peer} has no payload for {request.inference_id}", Reason.OK)
+            body = await _read_exact(stream, n)
+            reusable = True
+            return body
         finally:
-            await _end_stream(stream, True)
+            if reusable and len(self._idle.setdefault(peer, [])) < MAX_FETCHES_PER_PEER:
+                self._idle[peer].append((stream, trio.current_time()))
+            else:
+                await _end_stream(stream, reusable)
+
+    def _take_idle(self, peer: str) -> Any | None:
+        """Return the newest kept stream to a peer that is young enough to be still served, else None."""
+        kept = self._idle.get(peer, [])
+        while kept:
+            stream, since = kept.pop()
+            if trio.current_time() - since < self.reuse_age:
+                return stream
+            trio.lowlevel.spawn_system_task(_end_stream, stream, True)  # too old: the peer may have ended it
+        self._idle.pop(peer, None)
+        return None
 
     def fetch_payload_blocking(self, addr: str, inference_id: int) -> bytes:
         """Fetch a payload from a peer (call from a non-trio thread)."""

@@ -3,6 +3,11 @@
   request   uint32 length ‖ ASCII decimal inference id (1..78 digits, canonical, < 2^256)
   answer    uint8 status (0 found, 1 not found) ‖ uint32 length ‖ payload JSON bytes (≤ MAX_PAYLOAD)
 
+A stream may carry several request/answer pairs in turn: the server waits `keepalive` seconds for the
+next request after each answer, and a fetcher keeps a stream it read a whole answer from for its next
+fetch to that peer, so a warm fetch skips the stream negotiation (multistream-select), which cost most
+of a fetch. A peer that closes after one answer (the first version) is still served the same way.
+
 The request is parsed byte by byte, not with `int()`: `int()` also takes a sign, whitespace,
 underscores and non-ASCII digits ("٧" is 7), so one id would have many spellings and a negative
 or huge one would reach the store, whose keys are uint256 (finding 5 of issue 15).

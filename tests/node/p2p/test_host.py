@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,25 @@ def test_a_payload_travels_between_two_hosts_and_unknown_ids_are_typed(tmp_path:
         assert a.fetch_payload_blocking(full_addr(b), 8) == PAYLOADS[8]  # 2 MiB
         with pytest.raises(PayloadNotFound):
             a.fetch_payload_blocking(full_addr(b), 9)
+
+
+def test_fetches_to_one_peer_reuse_one_stream_and_a_stream_the_server_ended_is_replaced(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "a.key") as a, P2PHost(tmp_path / "b.key", provider=PAYLOADS.get, keepalive=0.5) as b:
+        addr = full_addr(b)
+        for _ in range(4):
+            assert a.fetch_payload_blocking(addr, 7) == PAYLOADS[7]
+        with pytest.raises(PayloadNotFound):  # a complete not-found answer leaves the stream usable
+            a.fetch_payload_blocking(addr, 9)
+        assert a.fetch_payload_blocking(addr, 8) == PAYLOADS[8]
+        time.sleep(0.1)
+        assert b.streams_served == 1, "one negotiated stream carried every request"
+        time.sleep(1.5)  # the server ends the idle stream after its keepalive
+        assert a.fetch_payload_blocking(addr, 7) == PAYLOADS[7], "the ended stream is replaced, the fetch succeeds"
+        deadline = time.monotonic() + 5  # the server counts after its write returns, maybe after we read
+        while b.requests_served < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (b.streams_served, b.requests_served) == (2, 7)
+        assert not b.counts, "ending an idle kept-alive stream is not a rejection"
 
 
 def test_the_asyncio_bridge(tmp_path: Path) -> None:

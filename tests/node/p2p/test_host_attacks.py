@@ -283,3 +283,12 @@ def test_garbage_on_libp2p_own_protocols_ends_only_that_stream(tmp_path: Path) -
             if wait_for(lambda: bool(seen), 0.2):
                 break
         assert seen and b.is_running() and b.counts["stream_handler_error"] >= 1
+
+
+def test_a_bad_request_on_a_kept_alive_stream_ends_that_stream_after_the_good_answer(tmp_path: Path) -> None:
+    with P2PHost(tmp_path / "b.key", provider=store_like, timeout=3.0) as b, \
+            P2PHost(tmp_path / "m.key", timeout=3.0) as mallory, P2PHost(tmp_path / "a.key", timeout=3.0) as alice:
+        answer = send_raw(mallory, full_addr(b), frame(b"7") + frame(b"-1") + frame(b"7"))
+        assert answer[5:] == PAYLOADS[7], "the first request is answered, nothing after the bad one"
+        assert b.counts["payload_invalid_request"] == 1 and b.is_running()
+        assert alice.fetch_payload_blocking(full_addr(b), 7) == PAYLOADS[7]
