@@ -102,6 +102,7 @@ class Reason(IntEnum):
     LATE_RESPONSE = 712
     DATA_UNDECLARED = 713
     CHECKPOINT_MISSING = 714
+    SCHEDULE_MISMATCH = 715  # the ledger's learning rate is not the declared schedule's
 
     # 8xx: memory spot checks (a window verdict's reason; node.spotcheck.onchain.SpotReason has the same codes)
     SPOT_WRONG_LABELS = 800
