@@ -69,7 +69,12 @@ def rows_engine(d: dict[str, Any]) -> list[Row]:
                     "-", "-"))
         out.append((f"{r['backend']}: executer overhead (sampler + artifact + fingerprints)",
                     f"{100 * (r['sampler_share'] + r['artifact_share'] + r['fingerprint_share']):.1f} % of generation",
-                    "-", "-"))
+                    "≤ 2 %", _goal(100 * (r["sampler_share"] + r["artifact_share"] + r["fingerprint_share"]), 2,
+                                   higher_is_better=False)))
+        if "prefill_peak_fraction" in r:
+            out.append((f"{r['backend']}: validation prefill, share of the fp32 matmul peak "
+                        f"({r['matmul_peak_gflops']:.0f} GFLOP/s)", f"{100 * r['prefill_peak_fraction']:.0f} %",
+                        "≥ 60 %", _goal(r["prefill_peak_fraction"], 0.6)))
     return out
 
 

@@ -6,6 +6,9 @@ For each backend (transformers; vLLM when importable, i.e. run it with .venv-vll
   prefill / generate  the ratio the protocol's economy rests on
   executer overhead   canonical sampler per token, artifact (leaves, Merkle root, zstd), fingerprints,
                       each as a share of generation time
+  prefill % of peak   the prefill's useful FLOP/s (linear layers, causal attention, the lm_head on the
+                      response positions only, counted from the model's config) ÷ this machine's fp32
+                      matmul peak (a 2048² torch.mm at the same thread count)
 Prints a table and writes JSON (default bench-results/bench_engine.json). Median of --repeats.
 Usage: .venv-vllm/bin/python scripts/bench_engine.py [--tokens 256] [--repeats 3]
 """
@@ -49,8 +52,25 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(samples), result
 
 
+def measure_matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+    """Return this machine's fp32 matmul FLOP/s: the median of `repeats` n×n torch.mm at the current threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    seconds, _ = timed(lambda: torch.mm(a, b), repeats)
+    return 2 * n**3 / seconds
+
+
+def compute_prefill_flops(config: dict[str, Any], fed: int, logits: int) -> float:
+    """Return the useful FLOPs of one prefill of `fed` tokens with the lm_head on `logits` positions."""
+    d, ffn, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = d * config.get("num_key_value_heads", config["num_attention_heads"]) // config["num_attention_heads"]
+    linear = 2 * fed * layers * (2 * d * d + 2 * d * kv + 3 * d * ffn)  # q, o; k, v; gate, up, down
+    attention = 2 * 2 * layers * d * fed * (fed + 1) / 2  # QKᵀ and AV over the causal half
+    return float(linear + attention + 2 * d * config["vocab_size"] * logits)
+
+
 def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], tokens: int,
-                  repeats: int) -> dict[str, Any]:
+                  repeats: int, config: dict[str, Any], peak: float) -> dict[str, Any]:
     """Return the measurements for one backend."""
     params = SamplingParams(1.0, 1.0, 0, tokens)
     req = GenerationRequest(prompt, params, run_seed(1, 2), 5)  # no stop ids: always `tokens` tokens
@@ -70,6 +90,7 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
     sampler_s, _ = timed(lambda: [sample_position(r, params, 5, 12345) for r in rows], repeats)
     sampler_per_token = sampler_s / len(rows)
     n = len(gen.output_ids)
+    flops = compute_prefill_flops(config, len(prompt) + n - 1, n)
     return {
         "backend": engine.info.backend, "tokens": n, "prompt_tokens": len(prompt),
         "generate_s": gen_s, "decode_tok_per_s": n / gen_s, "prefill_s": prefill_s,
@@ -77,6 +98,8 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
         "sampler_ms_per_token": sampler_per_token * 1e3, "sampler_share": sampler_per_token * n / gen_s,
         "artifact_ms": artifact_s * 1e3, "artifact_share": artifact_s / gen_s,
         "fingerprint_ms": fingerprint_s * 1e3, "fingerprint_share": fingerprint_s / gen_s,
+        "prefill_gflop": flops / 1e9, "prefill_gflops": flops / prefill_s / 1e9, "matmul_peak_gflops": peak / 1e9,
+        "prefill_peak_fraction": flops / prefill_s / peak,
     }
 
 
@@ -95,19 +118,24 @@ def main(argv: list[str] | None = None) -> int:
         from node.engines.vllm_engine import VllmEngine
 
         engines.append(VllmEngine(files.path, MODEL))
-    rows = [bench_backend(e, files.model_id, prompt, args.tokens, args.repeats) for e in engines]
+    config = json.loads((Path(files.path) / "config.json").read_text())
+    peak = measure_matmul_peak()
+    rows = [bench_backend(e, files.model_id, prompt, args.tokens, args.repeats, config, peak) for e in engines]
     console = Console(width=160)
     table = Table(title=f"{MODEL} fp32 on CPU ({torch.get_num_threads()} threads), prompt {len(prompt)} + "
                         f"{args.tokens} tokens, median of {args.repeats}")
     for col in ("backend", "decode tok/s", "generate s", "prefill s", "generate ÷ prefill", "sampler ms/tok",
-                "sampler %", "artifact ms", "artifact %", "fingerprint ms", "fingerprint %"):
+                "sampler %", "artifact ms", "artifact %", "fingerprint ms", "fingerprint %", "prefill GFLOP/s",
+                "% of peak"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["backend"], f"{r['decode_tok_per_s']:.1f}", f"{r['generate_s']:.2f}", f"{r['prefill_s']:.3f}",
                       f"{r['generate_over_prefill']:.1f}×", f"{r['sampler_ms_per_token']:.2f}",
                       f"{100 * r['sampler_share']:.1f}", f"{r['artifact_ms']:.1f}", f"{100 * r['artifact_share']:.2f}",
-                      f"{r['fingerprint_ms']:.1f}", f"{100 * r['fingerprint_share']:.2f}")
+                      f"{r['fingerprint_ms']:.1f}", f"{100 * r['fingerprint_share']:.2f}",
+                      f"{r['prefill_gflops']:.1f}", f"{100 * r['prefill_peak_fraction']:.0f}")
     console.print(table)
+    console.print(f"fp32 matmul peak (2048² torch.mm, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"benchmark": "engine", "model": MODEL, "dtype": "float32", "threads": torch.get_num_threads(),
             "machine": platform.machine(), "torch": torch.__version__}
