@@ -77,3 +77,11 @@ class Engine(Protocol):
     def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
         """Return logits for every output position and hidden rows from one forward pass."""
         ...
+
+
+def prefill_many(engine: Engine, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Prefill]:
+    """Return the prefill of every (prompt, output) pair: one batched pass where the engine has one."""
+    batch = getattr(engine, "prefill_batch", None)
+    if batch is not None and len(items) > 1:
+        return list(batch(items))
+    return [engine.prefill(prompt_ids, output_ids) for prompt_ids, output_ids in items]

@@ -84,6 +84,33 @@ class TransformersEngine(Engine):
         return Prefill(logits=logits.float().cpu().numpy(), hidden=hidden.float().cpu().numpy())
 
     @torch.inference_mode()
+    def prefill_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Prefill]:
+        """Return `prefill` of every (prompt, output) pair from one right-padded forward pass.
+
+        Causal attention lets no row see a later one, so padding at the end changes no real row's
+        inputs: each result is the one-at-a-time prefill up to the batched kernels' rounding.
+        """
+        if not items:
+            return []
+        fed = []
+        for prompt_ids, output_ids in items:
+            if not prompt_ids:
+                raise InvalidParams("empty prompt", Reason.OUT_OF_RANGE)
+            self._require_ids([*prompt_ids, *output_ids])
+            fed.append(list(prompt_ids) + list(output_ids[:-1]))
+        width = max(len(f) for f in fed)
+        ids = torch.zeros((len(fed), width), dtype=torch.long, device=self.options.device)
+        for b, f in enumerate(fed):
+            ids[b, : len(f)] = torch.tensor(f)
+        hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
+        out = []
+        for b, (prompt_ids, output_ids) in enumerate(items):
+            rows = hidden[b, : len(fed[b])]
+            logits = self._logits(rows[len(prompt_ids) - 1:]) if output_ids else rows.new_zeros((0, self.vocab_size))
+            out.append(Prefill(logits=logits.float().cpu().numpy(), hidden=rows.float().cpu().numpy()))
+        return out
+
+    @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate every request as one left-padded batch with the canonical sampler."""
         for r in requests:

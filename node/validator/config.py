@@ -35,6 +35,9 @@ class ValidatorConfig(BaseSettings):
     safety_window: int = Field(64, ge=4)
     poll_interval: float = Field(1.0, gt=0)
     fetch_timeout: float = Field(10.0, gt=0)
+    verify_batch: int = Field(1, ge=1, le=32, description="checks run at once; their prefills of one model share "
+                              "one batched forward pass (1: one inference at a time)")
+    batch_wait: float = Field(0.02, ge=0, le=1, description="seconds a prefill waits for others to join its batch")
     fetch_retries: int = Field(5, ge=1)
     check_attempts: int = Field(3, ge=1, description="tries of a check that fails unexpectedly (a bug, not the "
                                 "chain or a peer) before the job is given up; transient failures retry until the "

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, CursorStore, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
 from node.checks.decision import Stage2Thresholds
-from node.engines.base import Engine
+from node.engines.base import Engine, Prefill, prefill_many
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
@@ -53,9 +53,17 @@ from node.executer.api import InferencePayload, decode_inference_payload
 from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
+from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
-from node.validator.verify import ChainFacts, decode_payload_artifact, find_payload_mismatch, verify_payload
+from node.validator.verify import (
+    ChainFacts,
+    VerificationReport,
+    decode_payload_artifact,
+    find_payload_mismatch,
+    finish_verification,
+    prepare_verification,
+)
 
 if TYPE_CHECKING:  # libp2p is the optional `p2p` extra: imported only when the node starts a host
     from node.p2p.host import P2PHost
@@ -78,6 +86,7 @@ class ModelSlot:
     engine: Engine
     thresholds: Stage2Thresholds
     lock: threading.Lock = field(default_factory=threading.Lock)
+    batcher: PrefillBatcher | None = None  # created by the daemon, in its event loop
 
 
 class Metrics:
@@ -102,6 +111,8 @@ class Metrics:
                                        registry=self.registry)
         self.submissions = Counter("verinfer_submissions_total", "Vote submissions", ["result"],
                                    registry=self.registry)
+        self.prefill_batch = Histogram("verinfer_prefill_batch_size", "Inferences per batched validation prefill",
+                                       buckets=(1, 2, 4, 8, 16, 32), registry=self.registry)
         self.verify_seconds = Histogram("verinfer_verify_seconds", "Stage 1 + stage 2 time per inference",
                                         registry=self.registry)
         self.healthy = Gauge("verinfer_healthy", "1 while the node may sign", registry=self.registry)
@@ -328,7 +339,8 @@ class ValidatorNode:
         runner = await self._start_http()
         tasks = [asyncio.create_task(self.stream.run(self._on_events, self.config.poll_interval, self.config.ws_url,
                                                      stop), name="events"),
-                 asyncio.create_task(self._verify_loop(stop), name="verify"),
+                 *(asyncio.create_task(self._verify_loop(stop), name=f"verify-{i}")
+                   for i in range(self.config.verify_batch)),
                  asyncio.create_task(self._sign_loop(stop), name="sign"),
                  asyncio.create_task(self._submit_loop(stop), name="submit"),
                  asyncio.create_task(self._gossip_loop(stop), name="gossip")]
@@ -513,7 +525,7 @@ class ValidatorNode:
         if payload is None:
             valid, scores = False, keccak256(b"payload-unavailable")
         else:
-            report = await asyncio.to_thread(self._verify_locked, self.models[facts.model_id], payload, facts)
+            report = await self._verify(self.models[facts.model_id], payload, facts)
             reason = report.reason
             valid = report.valid
             scores = report.decision.scores_digest if report.decision else keccak256(reason.name.encode())
@@ -537,10 +549,24 @@ class ValidatorNode:
             log.warning("fraud proof not built", exc_info=exc, extra={"inference_id": inference_id})
             return None
 
-    def _verify_locked(self, slot: ModelSlot, payload: InferencePayload, facts: ChainFacts) -> Any:
-        with slot.lock:
-            return verify_payload(payload, slot.files, slot.tokenizer, slot.engine, slot.thresholds, facts,
-                                  decision_only=True)
+    async def _verify(self, slot: ModelSlot, payload: InferencePayload, facts: ChainFacts) -> VerificationReport:
+        """Return a payload's report: stage 1 and stage 2 in worker threads, the prefill through the batcher."""
+        check = await asyncio.to_thread(prepare_verification, payload, slot.files, slot.tokenizer, facts)
+        if isinstance(check, VerificationReport):
+            return check
+        prefill = await self._get_batcher(slot).prefill(check.prompt_ids, check.output_ids)
+        return await asyncio.to_thread(finish_verification, check, prefill, slot.thresholds, True)
+
+    def _get_batcher(self, slot: ModelSlot) -> PrefillBatcher:
+        """Return the model's prefill batcher (one pass at a time on its engine)."""
+        if slot.batcher is None:
+            def run(items: list[tuple[Sequence[int], Sequence[int]]]) -> list[Prefill]:
+                with slot.lock:
+                    return prefill_many(slot.engine, items)
+
+            slot.batcher = PrefillBatcher(run, self.config.verify_batch, self.config.batch_wait,
+                                          self.metrics.prefill_batch.observe)
+        return slot.batcher
 
     async def _fetch(self, session: aiohttp.ClientSession, job: Job) -> tuple[InferencePayload | None, Reason]:
         """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why after the retries.

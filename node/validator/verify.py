@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from node.checks.decision import Stage2Decision, Stage2Thresholds, decide_stage2, is_weight_error_only
 from node.checks.stage1 import OnchainInference, SequenceCheckResult, sequence_check
 from node.checks.stage2 import Stage2Measurements, measure_stage2, measure_stage2_decision
-from node.engines.base import Engine
+from node.engines.base import Engine, Prefill
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
 from node.errors import InvalidArtifact, InvalidInput, Reason
@@ -101,14 +101,20 @@ def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reaso
     return Reason.OK
 
 
-def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
-                   thresholds: Stage2Thresholds, facts: ChainFacts | None = None,
-                   decision_only: bool = False) -> VerificationReport:
-    """Return the verification report of one payload on the claimed model (against the chain's facts if given).
+@dataclass(frozen=True)
+class PreparedCheck:
+    """A payload that passed decoding and stage 1: what its prefill and stage 2 need."""
 
-    With `decision_only` (the daemon) and a profile that decides on the weight error alone, only the
-    decided signals are measured; `verinfer verify` measures everything.
-    """
+    artifact: Artifact
+    proofs: list[bytes]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    stage1: SequenceCheckResult
+
+
+def prepare_verification(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer,
+                         facts: ChainFacts | None = None) -> VerificationReport | PreparedCheck:
+    """Return the final report of a payload that fails before its prefill, else what the prefill needs."""
     try:
         art = decode_payload_artifact(payload)
         prompt_ids = tokenise_request(tokenizer, payload.request)
@@ -129,13 +135,31 @@ def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: Mode
     stage1 = sequence_check(h, art.positions, onchain)
     if not stage1.valid:
         return VerificationReport(stage1.reason, stage1, None, None)
-    output_ids = [int(t) for t in art.positions.chosen]
-    prefill = engine.prefill(prompt_ids, output_ids)
+    return PreparedCheck(art, proofs, list(prompt_ids), [int(t) for t in art.positions.chosen], stage1)
+
+
+def finish_verification(check: PreparedCheck, prefill: Prefill, thresholds: Stage2Thresholds,
+                        decision_only: bool = False) -> VerificationReport:
+    """Return the report of a prepared payload from its prefill: fingerprints, stage 2, decision."""
     try:
-        fingerprint = tuple(verify_fingerprint(prefill.hidden, len(prompt_ids), proofs))
+        fingerprint = tuple(verify_fingerprint(prefill.hidden, len(check.prompt_ids), check.proofs))
     except InvalidInput as exc:
-        return VerificationReport(exc.reason, stage1, None, None)
+        return VerificationReport(exc.reason, check.stage1, None, None)
     measure = measure_stage2_decision if decision_only and is_weight_error_only(thresholds) else measure_stage2
-    measurements = measure(h, art.positions, prefill.logits, fingerprint)
+    measurements = measure(check.artifact.header, check.artifact.positions, prefill.logits, fingerprint)
     decision = decide_stage2(measurements, thresholds)
-    return VerificationReport(decision.reason, stage1, measurements, decision)
+    return VerificationReport(decision.reason, check.stage1, measurements, decision)
+
+
+def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
+                   thresholds: Stage2Thresholds, facts: ChainFacts | None = None,
+                   decision_only: bool = False) -> VerificationReport:
+    """Return the verification report of one payload on the claimed model (against the chain's facts if given).
+
+    With `decision_only` (the daemon) and a profile that decides on the weight error alone, only the
+    decided signals are measured; `verinfer verify` measures everything.
+    """
+    check = prepare_verification(payload, files, tokenizer, facts)
+    if isinstance(check, VerificationReport):
+        return check
+    return finish_verification(check, engine.prefill(check.prompt_ids, check.output_ids), thresholds, decision_only)

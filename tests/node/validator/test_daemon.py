@@ -59,6 +59,21 @@ def test_an_honest_inference_gets_a_valid_verdict_and_metrics_and_health_answer(
     run(scenario())
 
 
+def test_queued_inferences_are_validated_in_batched_prefills(tiny, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tiny, tmp_path, verify_batch=4, batch_wait=0.3) as h:
+            ids = [await h.infer(f"Count to {n}.") for n in range(4)]  # committed before the validator starts
+            stop, task = await start(h)
+            assert [await h.settled(iid) for iid in ids] == [Status.VALID] * 4
+            sizes = h.slot.batcher.batch_sizes if h.slot.batcher else []
+            assert sum(sizes) == 4 and max(sizes) >= 2, f"the queued checks shared passes: {sizes}"
+            assert f"verinfer_prefill_batch_size_count {float(len(sizes))}" in await _metrics(h)
+            assert f"verinfer_prefill_batch_size_sum {float(sum(sizes))}" in await _metrics(h)
+            await finish(stop, task)
+
+    run(scenario())
+
+
 def test_a_payload_that_is_not_the_committed_one_is_rejected_not_cached_and_voted_invalid(tiny, tmp_path) -> None:
     async def scenario() -> None:
         async with harness(tiny, tmp_path) as h:

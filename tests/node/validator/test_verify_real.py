@@ -105,3 +105,27 @@ def test_cli_verify_prints_the_report_and_exits_by_verdict(smol, profile, tmp_pa
     assert result.exit_code == 1 and '"valid": false' in result.output
     path.write_text("{}")
     assert CliRunner().invoke(app, ["verify", "--payload", str(path)]).exit_code == 2
+
+
+def test_a_batched_prefill_decides_every_payload_as_one_at_a_time(smol, profile):
+    """Honest runs and attacks of different lengths in one right-padded pass: the same decisions, and
+    measurements that differ by no more than the batched kernels' rounding."""
+    from node.engines.base import prefill_many
+    from node.validator.verify import finish_verification, prepare_verification
+
+    payloads = [generated(smol, smol.engine, SamplingParams(1.0, 1.0, 0, N)),
+                generated(smol, smol.engine, SamplingParams(0.7, 0.9, 0, N // 2)),
+                generated(smol, smol.engine, SamplingParams(0.7, 1.0, 0, N), SamplingParams(0.8, 1.0, 0, N)),
+                generated(smol, make_int8_engine(smol.engine), SamplingParams(1.0, 1.0, 0, N))]
+    checks = [prepare_verification(p, smol.files, smol.tokenizer) for p in payloads]
+    items = [(c.prompt_ids, c.output_ids) for c in checks]
+    assert len({len(c.output_ids) for c in checks}) > 1, "rows of different lengths share the pass"
+    batched = prefill_many(smol.engine, items)
+    single = [smol.engine.prefill(*item) for item in items]
+    for b, s in zip(batched, single, strict=True):
+        assert b.logits.shape == s.logits.shape and b.hidden.shape == s.hidden.shape
+        assert float(abs(b.logits - s.logits).max()) < 1e-3
+    one = [finish_verification(c, p, profile) for c, p in zip(checks, single, strict=True)]
+    many = [finish_verification(c, p, profile) for c, p in zip(checks, batched, strict=True)]
+    assert [r.valid for r in one] == [r.valid for r in many] == [True, True, False, False]
+    assert [r.reason for r in one] == [r.reason for r in many]
