@@ -31,7 +31,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "stage1": ([], ["--repeats", "5"]),
     "stage2": ([], ["--positions", "64"]),
     "engine": ([], ["--tokens", "64", "--repeats", "1"]),
-    "daemon": (["--repeats", "7"], ["--tokens", "64", "--repeats", "2"]),
+    "daemon": (["--repeats", "7"], ["--tokens", "64", "--repeats", "2", "--batches", "1", "4"]),
     "p2p": ([], ["--fetches", "10"]),
     "gas": ([], []),
     "payload": ([], ["--tokens", "64", "256"]),
@@ -89,6 +89,11 @@ def rows_daemon(d: dict[str, Any]) -> list[Row]:
                  ("stage-2 measurement + decision, share of the prefill",
                   f"{100 * d['stage2_share_of_prefill']:.1f} %", "≤ 10 %",
                   _goal(d["stage2_share_of_prefill"], 0.10, higher_is_better=False))]
+    if "batched_per_hour_per_core" in d:
+        per = d["batched_per_hour_per_core"]
+        best = str(d["best_batch"])
+        rows.append((f"validator: inferences/h/core, batch 1 → best batch {best}",
+                     f"{per.get('1', 0):,.0f} → {per[best]:,.0f}", "-", "-"))
     return rows
 
 
