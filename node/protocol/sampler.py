@@ -131,10 +131,18 @@ def to_float32_array(logits: Any) -> np.ndarray:
 
 def compute_descending_order(values: np.ndarray) -> np.ndarray:
     """Return token ids by descending float32 value, ties by lower id (one sort of unique uint64 keys)."""
-    bits = (values.astype(np.float32) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> +0.0
-    ascending = np.where(bits >> 31 == 1, bits ^ 0xFFFFFFFF, bits | 0x80000000)  # float order as integers
-    keys = ((0xFFFFFFFF - ascending) << 20) | np.arange(values.size, dtype=np.uint64)  # ids < 2^20
-    order: np.ndarray = (np.sort(keys) & 0xFFFFF).astype(np.int64)
+    v = np.asarray(values, dtype=np.float32)
+    if np.signbit(v).any():  # negatives or -0.0: the general map from float order to integer order
+        bits = (v + np.float32(0.0)).view(np.uint32)  # -0.0 -> +0.0
+        descending = np.uint32(0xFFFFFFFF) - np.where(bits >> 31 == 1, ~bits, bits | np.uint32(0x80000000))
+    else:  # probabilities: the bit patterns of non-negative floats are already in float order
+        descending = np.uint32(0x7FFFFFFF) - v.view(np.uint32)
+    keys = descending.astype(np.uint64)
+    keys <<= np.uint64(20)
+    keys |= np.arange(v.size, dtype=np.uint64)  # ids < 2^20 (MAX_VOCAB)
+    keys.sort()
+    keys &= np.uint64(0xFFFFF)
+    order: np.ndarray = keys.view(np.int64)
     return order
 
 
@@ -147,12 +155,13 @@ def compute_raw_logprobs(logits: np.ndarray) -> np.ndarray:
 
 def compute_tempered_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
     """Return softmax(logits / T) in float32 (T > 0)."""
-    z = logits / np.float32(temperature)
+    z: np.ndarray = logits / np.float32(temperature)
     if not np.isfinite(z).all():
         raise InvalidParams(f"logits / {temperature} overflow float32", Reason.NON_FINITE_LOGITS)
-    e = np.exp(z - z.max())
-    probs: np.ndarray = (e / e.sum(dtype=np.float32)).astype(np.float32)
-    return probs
+    z -= z.max()
+    np.exp(z, out=z)
+    z /= z.sum(dtype=np.float32)
+    return z
 
 
 def compute_kept_count(sorted_probs: np.ndarray, top_k: int, top_p: float) -> int:
@@ -168,8 +177,12 @@ def compute_kept_count(sorted_probs: np.ndarray, top_k: int, top_p: float) -> in
 def compute_integer_weights(kept_probs: np.ndarray) -> np.ndarray:
     """Return w = min(floor(p * 2^32 / Z), 2^32 - 1) for the kept float32 probabilities."""
     p = kept_probs.astype(np.float64)
-    w = np.floor(p * float(WEIGHT_ONE) / p.sum())
-    weights: np.ndarray = np.minimum(w, float(WEIGHT_MAX)).astype(np.uint64)
+    total = p.sum()
+    p *= float(WEIGHT_ONE)
+    p /= total
+    np.floor(p, out=p)
+    np.minimum(p, float(WEIGHT_MAX), out=p)
+    weights: np.ndarray = p.astype(np.uint64)
     return weights
 
 
@@ -212,7 +225,9 @@ def sample_position(logits: Any, params: SamplingParams, k: int, v: int) -> Posi
     if not 0 <= v <= WEIGHT_MAX:
         raise InvalidParams(f"v must be a uint32, got {v}", Reason.OUT_OF_RANGE)
     ids, weights = dist.candidates(k)
-    chosen = choose_token(v, ids, weights, dist.order[k:], dist.weights[k:])
+    # choose_token over candidates then tail is the walk over the whole sorted order: one cumulative sum
+    j = int(np.searchsorted(np.cumsum(dist.weights), np.uint64(v), side="right"))
+    chosen = int(dist.order[j]) if j < dist.order.size else int(ids[0])
     return PositionSample(
         chosen=chosen,
         token_ids=tuple(int(t) for t in ids),
