@@ -14,7 +14,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from eth_abi import decode as abi_decode
+from eth_abi.abi import decode as abi_decode
 from eth_account.messages import encode_typed_data
 from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak

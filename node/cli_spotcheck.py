@@ -72,6 +72,20 @@ class LiveBoard:
         return table
 
 
+def render_chain(result: SimResult) -> Table:
+    """Return the table of what the chain did to each device's operator."""
+    ok = "exactly the cheaters' operators slashed" if result.chain_ok else "WRONG operators slashed"
+    table = Table(title=f"on chain (SpotCheck, 3 validators): {ok}", title_justify="left")
+    for col in ("device", "cheats", "operator", "stake before", "stake after", "jailed", "windows"):
+        table.add_column(col)
+    cheats = {d.device_id: d.cheats for d in result.devices}
+    names = {0: "open", 1: "passed", 2: "failed"}
+    for o in result.chain or ():
+        table.add_row(o.device_id, str(cheats[o.device_id]), o.operator[:10] + "…", f"{o.stake_before / 1e18:g}",
+                      f"{o.stake_after / 1e18:g}", str(o.jailed), ", ".join(names[w] for w in o.windows))
+    return table
+
+
 def write_outputs(result: SimResult, config: SimConfig, out: Path) -> tuple[Path, Path]:
     """Write the result JSON and the detection plot; return their paths."""
     from node.spotcheck.report import compute_detection_curves, write_detection_plot
@@ -105,6 +119,7 @@ def sim(
     x_ms: float = typer.Option(500.0, min=1.0, help="Latency bound X in milliseconds."),
     arena_mib: int = typer.Option(64, min=1, help="Proximal memory Y per device in MiB."),
     cpu_hog: bool = typer.Option(True, help="Run a CPU-burning process beside the devices."),
+    chain: bool = typer.Option(False, help="Run anvil: bonded operators, 3 validators voting, slashing on chain."),
 ) -> None:
     """Run honest and cheating devices, the pinger and the verifier; exit 0 only if exactly the cheaters fail."""
     from node.spotcheck.sim import SimConfig, run_sim
@@ -116,7 +131,7 @@ def sim(
         def on_event(kind: str, payload: dict[str, Any]) -> None:
             board.on_event(kind, payload)
             live.update(board.render())
-        result = run_sim(config, out, on_event)
+        result = run_sim(config, out, on_event, chain=chain)
         board.phase = "done: " + ("every cheater caught, no honest device flagged" if result.ok else "FAILED")
         live.update(board.render())
     json_path, plot_path = write_outputs(result, config, out)
@@ -130,5 +145,7 @@ def sim(
         console.print(f"(X, Y, Z) = ({config.x_ms:g} ms, {config.arena_mib} MiB, {f['inputs']['z_min_s']:.2f} s): "
                       f"X/honest max {m['x_over_honest']:.2f}, Z/X {m['z_over_x']:.1f}, far/X {m['far_over_x']:.2f}, "
                       f"undeclared/free {m['undeclared_over_free']:.0f} → {'sound' if f['sound'] else 'NOT sound'}")
+    if result.chain is not None:
+        console.print(render_chain(result))
     console.print(f"{result.elapsed_s:.0f} s; JSON {json_path}, plot {plot_path}, record {result.record_path}")
     raise typer.Exit(0 if result.ok else 1)

@@ -2,9 +2,10 @@
 
 1. Stuffing: fill rate (MB/s) of the layered construction and Z, the least time to recompute one kept block
    (its cone), for the default 64 MiB pool.
-2. Answer cost: per labels and per state challenge, against the workload's step time flat out; the share
-   of a device's time that answering takes at the default rate (goal ≤ 1 %), computed and measured
-   end to end (a flat-out device process with and without a pinger).
+2. Answer cost: per labels and per state challenge, against the workload's step time flat out (tiny-llama and
+   SmolLM2-135M); the signatures (verify the verifier's challenge + sign the answer on the device; sign the
+   challenge + verify the answer on the pinger); the share of a device's time that answering takes at the
+   default rate (goal ≤ 1 %), computed and measured end to end (a flat-out device with and without a pinger).
 3. Latency: challenge → answer on the pinger's clock for honest devices, idle and under load (a CPU hog,
    forced GC), p50/p99/max and the share above each candidate X.
 Usage: python scripts/bench_spotcheck.py [--quick]
@@ -20,13 +21,22 @@ from typing import Any
 
 import numpy as np
 import torch
+from eth_account import Account
 from rich.console import Console
 from rich.table import Table
 
 from node.spotcheck.answers import compute_challenge_indices, compute_labels_digest, compute_state_answer
+from node.spotcheck.auth import (
+    compute_challenge_digest,
+    is_answer_signed_by,
+    sign_answer,
+    sign_challenge,
+    verify_challenge,
+)
 from node.spotcheck.sim import SimConfig, SimDeviceSpec, run_cluster
 from node.spotcheck.stuffing import StuffingParams, compute_block_on_demand, compute_cone_costs, compute_stuffing
-from node.spotcheck.workload import InferenceWorkload, build_model, compute_prompt
+from node.spotcheck.wire import Answer, Challenge
+from node.spotcheck.workload import MODEL_NAME, SMOL_NAME, InferenceWorkload, build_model, compute_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench-results" / "spotcheck.json"
@@ -53,13 +63,17 @@ def bench_stuffing(mib: int) -> dict[str, float]:
             (params.n_blocks * params.layers)}
 
 
-def bench_answer_cost(seconds: float, rate_hz: float, share: float, count: int) -> dict[str, float]:
-    """Return the workload's step time and each answer's cost (in-process, one thread)."""
+def bench_answer_cost(model_name: str, state_tokens: int, seconds: float, rate_hz: float, share: float, count: int,
+                      sign_ms: float) -> dict[str, Any]:
+    """Return the workload's step time and each answer's cost (in-process, one thread), signatures included."""
     torch.set_num_threads(1)
-    model = build_model()
-    workload = InferenceWorkload(model, compute_prompt(0, 32, 49152), sampling_seed=0)
+    model = build_model(model_name)
+    workload = InferenceWorkload(model, compute_prompt(0, state_tokens, int(model.config.vocab_size)), sampling_seed=0)
+    workload.step()  # warm-up
+    workload.steps = 0
+    workload.tokens = workload.tokens[:state_tokens]
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    while time.perf_counter() - t0 < seconds or workload.steps < 3:
         _, state = workload.step()
     step_s = (time.perf_counter() - t0) / workload.steps
     params = StuffingParams(n_blocks=(64 << 20) // 16384)
@@ -73,9 +87,36 @@ def bench_answer_cost(seconds: float, rate_hz: float, share: float, count: int) 
     for n in nonces:
         compute_labels_digest(n, compute_challenge_indices(n, params.n_blocks, count), blocks)
     labels_s = (time.perf_counter() - t0) / len(nonces)
-    busy = rate_hz * (share * labels_s + (1 - share) * state_s)
-    return {"step_ms": step_s * 1e3, "steps_per_s": 1 / step_s, "state_answer_ms": state_s * 1e3,
-            "labels_answer_ms": labels_s * 1e3, "rate_hz": rate_hz, "answer_share_of_time": busy}
+    busy = rate_hz * (share * labels_s + (1 - share) * state_s + sign_ms / 1e3)
+    return {"model": model_name, "state_tokens": state_tokens, "step_ms": step_s * 1e3, "steps_per_s": 1 / step_s,
+            "state_answer_ms": state_s * 1e3, "labels_answer_ms": labels_s * 1e3, "device_signatures_ms": sign_ms,
+            "rate_hz": rate_hz, "answer_share_of_time": busy}
+
+
+def bench_signatures(n: int) -> dict[str, float]:
+    """Return the per-challenge signature costs: device (verify challenge, sign answer), pinger (sign, verify)."""
+    verifier, operator = Account.create(), Account.create()
+    allowed = frozenset({verifier.address})
+    challenges = [Challenge(device_id="dev", seq=i, nonce=f"{i:064x}", kind="labels",
+                            count=64, issued_ms=1_700_000_000_000 + i, verifier=verifier.address) for i in range(n)]
+    t0 = time.perf_counter()
+    signed = [sign_challenge(verifier, c, "run") for c in challenges]
+    pinger_sign = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    digests = [verify_challenge(c, "run", allowed) for c in signed]
+    device_verify = (time.perf_counter() - t0) / n
+    answers = [Answer(device_id="dev", seq=c.seq, nonce=c.nonce, kind="labels", digest="cd" * 32) for c in signed]
+    t0 = time.perf_counter()
+    answered = [sign_answer(operator, d, a) for d, a in zip(digests, answers, strict=True)]
+    device_sign = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    ok = [is_answer_signed_by(a, compute_challenge_digest(c, "run"), operator.address)
+          for a, c in zip(answered, signed, strict=True)]
+    pinger_verify = (time.perf_counter() - t0) / n
+    assert all(ok)
+    return {"n": n, "device_verify_challenge_ms": device_verify * 1e3, "device_sign_answer_ms": device_sign * 1e3,
+            "device_total_ms": (device_verify + device_sign) * 1e3, "pinger_sign_challenge_ms": pinger_sign * 1e3,
+            "pinger_verify_answer_ms": pinger_verify * 1e3}
 
 
 def summarise(records: list[Any], device_ids: set[str]) -> dict[str, Any]:
@@ -125,7 +166,12 @@ def main() -> None:
     run_s = 8.0 if args.quick else 30.0
     results: dict[str, Any] = {"machine": {"cpus": __import__("os").cpu_count()}}
     results["stuffing"] = bench_stuffing(16 if args.quick else 64)
-    results["answer_cost"] = bench_answer_cost(3.0, config.rate_hz, config.labels_share, config.labels_count)
+    results["signatures"] = bench_signatures(200)
+    sign_ms = results["signatures"]["device_total_ms"]
+    results["answer_cost"] = bench_answer_cost(MODEL_NAME, config.state_tokens, 3.0, config.rate_hz,
+                                               config.labels_share, config.labels_count, sign_ms)
+    results["answer_cost_smollm2"] = bench_answer_cost(SMOL_NAME, 16, 3.0 if args.quick else 10.0, config.rate_hz,
+                                                       config.labels_share, config.labels_count, sign_ms)
     results["end_to_end_cost"] = bench_end_to_end_cost(run_s / 2, config.rate_hz, 1 if args.quick else 3)
     results["latency"] = bench_latency(run_s, config.rate_hz)
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -134,13 +180,20 @@ def main() -> None:
     table.add_column("metric")
     table.add_column("value")
     s, c, e = results["stuffing"], results["answer_cost"], results["end_to_end_cost"]
+    g, smol = results["signatures"], results["answer_cost_smollm2"]
     rounded = {k: [round(x) for x in v] for k, v in e["runs"].items()}
     rows = [
         ("stuffing fill rate", f"{s['fill_mb_s']:.1f} MB/s ({s['pool_mib']} MiB in {s['fill_s']:.2f} s)"),
         ("Z (cheapest kept block's cone)", f"{s['z_min_s'] * 1e3:.0f} ms ({s['cone_fraction_of_fill']:.0%} of a fill)"),
-        ("workload step", f"{c['step_ms']:.2f} ms"),
-        ("state / labels answer", f"{c['state_answer_ms']:.2f} / {c['labels_answer_ms']:.2f} ms"),
-        (f"answer share of time at {c['rate_hz']} Hz (goal ≤ 1 %)", f"{c['answer_share_of_time']:.2%}"),
+        ("signatures, device: verify challenge + sign answer", f"{g['device_verify_challenge_ms']:.3f} + "
+                                                             f"{g['device_sign_answer_ms']:.3f} ms"),
+        ("signatures, pinger: sign challenge / verify answer", f"{g['pinger_sign_challenge_ms']:.3f} / "
+                                                              f"{g['pinger_verify_answer_ms']:.3f} ms"),
+        ("workload step tiny-llama / SmolLM2-135M", f"{c['step_ms']:.2f} / {smol['step_ms']:.1f} ms"),
+        ("state answer tiny / SmolLM2; labels answer", f"{c['state_answer_ms']:.2f} / {smol['state_answer_ms']:.2f}; "
+                                                       f"{c['labels_answer_ms']:.2f} ms"),
+        (f"answer share of time at {c['rate_hz']} Hz (goal ≤ 1 %), tiny / SmolLM2",
+         f"{c['answer_share_of_time']:.2%} / {smol['answer_share_of_time']:.2%}"),
         ("end-to-end throughput loss (median)", f"{e['throughput_loss']:.2%} ({e['steps_per_s_without']:.0f} → "
                                                 f"{e['steps_per_s_with']:.0f} steps/s; runs {rounded})"),
     ]

@@ -19,18 +19,27 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from eth_account import Account
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from node.spotcheck.answers import compute_challenge_indices, compute_labels_digest, compute_state_answer
-from node.spotcheck.errors import MalformedMessage, OversizedMessage, ReplayedNonce, SpotcheckError, UnknownDevice
+from node.spotcheck.auth import get_address, sign_answer, verify_challenge
+from node.spotcheck.errors import (
+    ExpiredChallenge,
+    MalformedMessage,
+    OversizedMessage,
+    ReplayedNonce,
+    SpotcheckError,
+    UnknownDevice,
+)
 from node.spotcheck.stuffing import StuffingParams, compute_n_blocks, compute_stuffing
 from node.spotcheck.wire import Answer, Challenge, ErrorReply, FrameDecoder, encode_frame, parse_message
-from node.spotcheck.workload import InferenceWorkload, build_model, compute_prompt, get_weights_digest
+from node.spotcheck.workload import MODEL_NAME, InferenceWorkload, build_model, compute_prompt, get_weights_digest
 
 log = logging.getLogger(__name__)
 
 Behaviour = Literal["honest", "evict", "far_state", "recompute", "stale", "liar"]
-MAX_SEEN_NONCES = 1 << 20
+PRUNE_EVERY = 1024  # prune expired nonces from the replay set every this many accepted challenges
 
 
 class DeviceConfig(BaseModel):
@@ -40,9 +49,14 @@ class DeviceConfig(BaseModel):
 
     device_id: str
     socket_path: str
+    run_id: str = Field(min_length=1, max_length=128)
+    operator_key: SecretStr  # hex secp256k1 key: signs every answer (the run's operator, bonded on chain)
+    verifiers: tuple[str, ...] = Field(min_length=1)  # the only addresses whose challenges are answered
+    max_challenge_age_ms: int = Field(30_000, gt=0)  # issued-at window (both ways: clock skew across hosts)
     arena_bytes: int = Field(gt=0)
     declared_bytes: int = Field(gt=0)
     stuffing_seed: str = Field(pattern=r"^[0-9a-f]{64}$")
+    model: str = MODEL_NAME  # the declared workload's model (a registry llama)
     prompt_seed: int = 0
     state_tokens: int = Field(32, ge=2, le=512)
     block_bytes: int = 16384
@@ -79,7 +93,7 @@ class SimDevice:
 
     def __init__(self, config: DeviceConfig) -> None:
         self.config = config
-        self.model = build_model()
+        self.model = build_model(config.model)
         hidden = int(self.model.config.hidden_size)
         self.state_shape = (config.state_tokens, hidden)
         state_bytes = config.state_tokens * hidden * 4
@@ -99,7 +113,10 @@ class SimDevice:
         self.lock = threading.Lock()
         self.current_step = -1
         self.stop_event = threading.Event()
-        self.seen: set[bytes] = set()
+        self.operator = Account.from_key(config.operator_key.get_secret_value())
+        self.verifiers = frozenset(get_address(v) for v in config.verifiers)
+        self.seen_lock = threading.Lock()
+        self.seen: dict[bytes, int] = {}  # nonce → issued_ms; only fresh, correctly signed challenges enter
         self.log = DeviceLog(device_id=config.device_id, n_blocks=n_blocks, state_bytes=state_bytes, fill_s=0.0,
                              weights_digest=get_weights_digest(self.model))
         self.threads: list[threading.Thread] = []
@@ -177,8 +194,22 @@ class SimDevice:
         return Answer(device_id=self.config.device_id, seq=challenge.seq, nonce=challenge.nonce, kind="state",
                       step=step, sketch=compute_state_answer(state, nonce))
 
+    def process_fresh_nonce(self, challenge: Challenge, now_ms: int) -> None:
+        """Refuse an expired challenge or a nonce seen before; remember this one (expired ones are forgotten)."""
+        age = now_ms - challenge.issued_ms
+        if abs(age) > self.config.max_challenge_age_ms:
+            raise ExpiredChallenge(f"challenge {challenge.seq} issued {age} ms ago", device=self.config.device_id)
+        nonce = bytes.fromhex(challenge.nonce)
+        with self.seen_lock:  # check-and-insert: two connections replaying one nonce get one answer
+            if nonce in self.seen:
+                raise ReplayedNonce(f"nonce {challenge.nonce[:16]}… seen before", device=self.config.device_id)
+            self.seen[nonce] = challenge.issued_ms
+            if len(self.seen) % PRUNE_EVERY == 0:
+                oldest = now_ms - self.config.max_challenge_age_ms
+                self.seen = {n: t for n, t in self.seen.items() if t >= oldest}
+
     def process_frame(self, item: bytes | OversizedMessage) -> Answer | ErrorReply:
-        """Parse, check and answer one frame; any bad input becomes a typed error reply."""
+        """Parse, authenticate, check and answer one frame; any bad input becomes a typed error reply."""
         seq: int | None = None
         try:
             if isinstance(item, OversizedMessage):
@@ -189,13 +220,9 @@ class SimDevice:
             seq = message.seq
             if message.device_id != self.config.device_id:
                 raise UnknownDevice("challenge for another device", device=message.device_id)
-            nonce = bytes.fromhex(message.nonce)
-            if nonce in self.seen:
-                raise ReplayedNonce(f"nonce {message.nonce[:16]}… seen before", device=self.config.device_id)
-            if len(self.seen) >= MAX_SEEN_NONCES:
-                self.seen.clear()  # bounded memory; a pinger never reuses a nonce within 1M challenges
-            self.seen.add(nonce)
-            answer = self.compute_answer(message)
+            digest = verify_challenge(message, self.config.run_id, self.verifiers)  # before any work is spent
+            self.process_fresh_nonce(message, time.time_ns() // 1_000_000)
+            answer = sign_answer(self.operator, digest, self.compute_answer(message))
             self.log.answers += 1
             return answer
         except SpotcheckError as exc:
@@ -266,9 +293,11 @@ def run_device(config: DeviceConfig, control: Connection) -> None:
     if config.gc_freeze:
         gc.collect()
         gc.freeze()  # torch + transformers leave ~390k tracked objects; a full collection would scan them all
+    device.start(server)
+    while device.current_step < 0 and not device.stop_event.wait(0.01):
+        pass  # ready means a state exists: a state challenge before the first step would have nothing to answer
     control.send(("ready", {"fill_s": device.log.fill_s, "n_blocks": device.params.n_blocks,
                             "state_bytes": device.log.state_bytes}))
-    device.start(server)
     while not control.poll(0.5) or control.recv() != "stop":
         pass
     control.send(("log", device.stop()))

@@ -17,6 +17,9 @@ class SpotCode(StrEnum):
     LATE_ANSWER = "late_answer"
     MISMATCHED_ANSWER = "mismatched_answer"
     BAD_PARAMS = "bad_params"
+    BAD_SIGNATURE = "bad_signature"
+    UNKNOWN_VERIFIER = "unknown_verifier"
+    EXPIRED_CHALLENGE = "expired_challenge"
 
 
 _REASONS = {
@@ -27,6 +30,9 @@ _REASONS = {
     SpotCode.LATE_ANSWER: Reason.LIMIT_EXCEEDED,
     SpotCode.MISMATCHED_ANSWER: Reason.WIRE_MALFORMED,
     SpotCode.BAD_PARAMS: Reason.OUT_OF_RANGE,
+    SpotCode.BAD_SIGNATURE: Reason.WIRE_MALFORMED,
+    SpotCode.UNKNOWN_VERIFIER: Reason.OUT_OF_RANGE,
+    SpotCode.EXPIRED_CHALLENGE: Reason.LIMIT_EXCEEDED,
 }
 
 
@@ -80,3 +86,21 @@ class InvalidSpotParams(SpotcheckError):
     """Stuffing, challenge or policy parameters outside their domain."""
 
     code = SpotCode.BAD_PARAMS
+
+
+class BadSignature(SpotcheckError):
+    """A challenge or answer whose signature is malformed or not by the key it names."""
+
+    code = SpotCode.BAD_SIGNATURE
+
+
+class UnknownVerifier(SpotcheckError):
+    """A challenge signed for a verifier that is not in the device's allow-list."""
+
+    code = SpotCode.UNKNOWN_VERIFIER
+
+
+class ExpiredChallenge(SpotcheckError):
+    """A challenge issued too long ago (or too far in the future) for the device to answer it."""
+
+    code = SpotCode.EXPIRED_CHALLENGE

@@ -49,6 +49,16 @@ def compute_false_alarm_probability(n_challenges: int, p_late: float, max_late: 
     return max(0.0, 1.0 - within)
 
 
+def compute_max_late(n_challenges: int, p_late: float, target: float) -> int:
+    """Return the least tolerance m (late answers a window may hold) whose false-alarm probability ≤ target."""
+    if not 0 < target < 1:
+        raise InvalidSpotParams(f"false-alarm target {target} outside (0, 1)")
+    m = 0
+    while m < n_challenges and compute_false_alarm_probability(n_challenges, p_late, m) > target:
+        m += 1
+    return m
+
+
 @dataclass(frozen=True)
 class FeasibilityInputs:
     """The measured quantities (seconds and bytes) that decide whether (X, Y, Z) is sound on a machine."""

@@ -1,26 +1,30 @@
-"""A window verdict on the existing signed-verdict path (the adapter to chain.eip712 and the validator's store).
+"""A window verdict as a signed vote of the SpotCheck module (chain.spotcheck), behind the slashing-protection record.
 
-Nothing new is signed: a spot-check window becomes the same EIP-712 ``Verdict`` the validator signs for an
-inference — ``inferenceId`` := the window id, ``artifactRoot`` := the sha256 of the window's measurement
-(the record slice it was decided on), ``valid``, ``reason`` := a spot-check code, ``scoresDigest`` := the
-sha256 of the policy it was decided under — and goes through the same slashing-protection record
-(``Store.record_verdict``: synced before the signature exists, a conflicting decision refused). A
-spot-check contract (its own EIP-712 domain, so a window id can never be mistaken for an inference id)
-would accept a quorum of these and feed the same reputation update; that contract is not built here.
+A verifier turns each ``WindowVerdict`` into a ``WindowVerdict`` vote of the module's own EIP-712 domain
+("verinfer-spotcheck", "1"): ``runId`` := sha256(domain ‖ run id), ``windowId`` := the window id
+(run, device, window), ``measurementRoot`` := the sha256 of the window's measurement (the record slice it was
+decided on), ``valid``, ``reason`` := a spot-check code (8xx), ``policyDigest`` := the sha256 of the policy.
+Before the signature exists the decision goes through the validator's slashing-protection record
+(``Store.record_verdict``: synced, a conflicting decision for the same window refused), exactly as an
+inference verdict does; the Store is opened for the SpotCheck contract's address, so its ids never meet
+the hub's inference ids.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from enum import IntEnum
 
-from chain.eip712 import Verdict
+from eth_account.signers.local import LocalAccount
+
+from chain.spotcheck import WindowVote, sign_window_vote
 from node.spotcheck.verify import SpotcheckPolicy, WindowMeasurement, WindowVerdict
-from node.store.leveldb import VerdictRecord
+from node.store.leveldb import Store, VerdictRecord
 
 WINDOW_DOMAIN = b"verinfer/spotcheck/window/v1"
+RUN_DOMAIN = b"verinfer/spotcheck/run/v1"
 
 
 class SpotReason(IntEnum):
@@ -37,15 +41,37 @@ class SpotReason(IntEnum):
     TOO_FEW_CHALLENGES = 807
 
 
+@dataclass(frozen=True)
+class WindowDecision:
+    """What a verifier signs for one device window (the fields of the module's WindowVerdict but the operator)."""
+
+    run_key: bytes
+    window_key: bytes
+    valid: bool
+    reason: int
+    measurement_root: bytes
+    policy_digest: bytes
+
+
 def compute_window_id(run_id: str, device_id: str, window: int) -> int:
     """Return the uint256 id of one device's window: sha256(domain ‖ run ‖ device ‖ window)."""
     payload = json.dumps([run_id, device_id, window], separators=(",", ":")).encode()
     return int.from_bytes(hashlib.sha256(WINDOW_DOMAIN + payload).digest(), "big")
 
 
+def compute_run_key(run_id: str) -> bytes:
+    """Return the bytes32 run id the operator opens on chain: sha256(domain ‖ run id)."""
+    return hashlib.sha256(RUN_DOMAIN + run_id.encode()).digest()
+
+
 def compute_measurement_root(m: WindowMeasurement) -> bytes:
     """Return sha256 of the measurement's canonical JSON: what the verdict was decided on."""
     return hashlib.sha256(json.dumps(asdict(m), sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
+def compute_policy_digest(policy: SpotcheckPolicy) -> bytes:
+    """Return sha256 of the policy's canonical JSON: the thresholds the verdict was decided under."""
+    return hashlib.sha256(policy.model_dump_json().encode()).digest()
 
 
 def get_reason(verdict: WindowVerdict) -> SpotReason:
@@ -54,15 +80,25 @@ def get_reason(verdict: WindowVerdict) -> SpotReason:
     return next((reason for reason in SpotReason if reason.name.lower() in failures), SpotReason.OK)
 
 
-def to_verdict(verdict: WindowVerdict, m: WindowMeasurement, policy: SpotcheckPolicy, run_id: str,
-               deadline: int) -> Verdict:
-    """Return the EIP-712 verdict of one window, ready for chain.eip712.sign_verdict."""
-    policy_digest = hashlib.sha256(policy.model_dump_json().encode()).digest()
-    return Verdict(compute_window_id(run_id, verdict.device_id, verdict.window), compute_measurement_root(m),
-                   verdict.passed, int(get_reason(verdict)), policy_digest, deadline)
+def to_window_decision(verdict: WindowVerdict, m: WindowMeasurement, policy: SpotcheckPolicy,
+                       run_id: str) -> WindowDecision:
+    """Return the decision to sign for one window."""
+    return WindowDecision(compute_run_key(run_id),
+                          compute_window_id(run_id, verdict.device_id, verdict.window).to_bytes(32, "big"),
+                          verdict.passed, int(get_reason(verdict)), compute_measurement_root(m),
+                          compute_policy_digest(policy))
 
 
-def to_verdict_record(verdict: Verdict) -> VerdictRecord:
-    """Return the slashing-protection record of a window verdict (Store.record_verdict before signing)."""
-    return VerdictRecord(verdict.inference_id, "0x" + verdict.artifact_root.hex(), verdict.valid, verdict.reason,
-                         "0x" + verdict.scores_digest.hex(), verdict.deadline)
+def to_verdict_record(decision: WindowDecision) -> VerdictRecord:
+    """Return the slashing-protection record of a window decision (Store.record_verdict before signing)."""
+    return VerdictRecord(int.from_bytes(decision.window_key, "big"), "0x" + decision.measurement_root.hex(),
+                         decision.valid, decision.reason, "0x" + decision.policy_digest.hex(), 0)
+
+
+def process_sign_window(store: Store, account: LocalAccount, chain_id: int, contract: str, operator: str,
+                        decision: WindowDecision) -> WindowVote:
+    """Record the decision (synced; ConflictingVerdict if this window was decided otherwise), then sign the vote."""
+    record = store.record_verdict(to_verdict_record(decision))
+    return sign_window_vote(account, chain_id, contract, operator, decision.run_key,
+                            record.inference_id.to_bytes(32, "big"), record.valid, record.reason,
+                            bytes.fromhex(record.artifact_root[2:]), bytes.fromhex(record.scores_digest[2:]))

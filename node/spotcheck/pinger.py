@@ -2,7 +2,9 @@
 
 Each device gets its own Poisson stream of rate λ; a device has at most one challenge outstanding, and the
 next one is drawn from the send time of the previous. Answers are matched to the outstanding challenge
-(device, sequence number, nonce, kind); anything else is a typed refusal recorded against the device.
+(device, sequence number, nonce, kind) and must carry the device operator's signature over the
+challenge's digest and the answer; anything else is a typed refusal recorded against the device. Every
+challenge is signed with the verifier's key (node.spotcheck.auth).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from eth_account import Account
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from node.spotcheck.errors import MismatchedAnswer, OversizedMessage, SpotcheckError, SpotCode
+from node.spotcheck.auth import compute_challenge_digest, is_answer_signed_by, sign_challenge
+from node.spotcheck.errors import BadSignature, MismatchedAnswer, OversizedMessage, SpotcheckError, SpotCode
 from node.spotcheck.wire import Answer, Challenge, ErrorReply, FrameDecoder, encode_frame, parse_message
 
 log = logging.getLogger(__name__)
@@ -29,7 +33,9 @@ class PingerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    targets: tuple[tuple[str, str], ...]  # (device_id, socket path)
+    targets: tuple[tuple[str, str, str], ...]  # (device_id, socket path, operator address)
+    run_id: str = Field(min_length=1, max_length=128)
+    verifier_key: SecretStr  # hex secp256k1 key of the verifier this pinger challenges for
     rate_hz: float = Field(gt=0, le=1000)
     labels_share: float = Field(0.5, ge=0, le=1)
     labels_count: int = Field(64, ge=1, le=256)
@@ -46,6 +52,9 @@ class ExchangeRecord:
     kind: str
     nonce: str
     count: int
+    issued_ms: int
+    verifier: str
+    signature: str
     sent_ns: int
     received_ns: int | None
     answer_json: str | None
@@ -55,6 +64,7 @@ class ExchangeRecord:
 @dataclass
 class _Outstanding:
     challenge: Challenge
+    digest: bytes
     sent_ns: int
 
 
@@ -75,6 +85,8 @@ class Pinger:
     def __init__(self, config: PingerConfig, progress: Connection | None = None) -> None:
         self.config = config
         self.progress = progress
+        self.account = Account.from_key(config.verifier_key.get_secret_value())
+        self.operators = {device_id: operator for device_id, _, operator in config.targets}
         self.rng = np.random.default_rng(secrets.randbits(128))
         self.records: list[ExchangeRecord] = []
         self.seq = 0
@@ -86,6 +98,7 @@ class Pinger:
                 error: SpotCode | None) -> None:
         ch = open_.challenge
         record = ExchangeRecord(device_id=ch.device_id, seq=ch.seq, kind=ch.kind, nonce=ch.nonce, count=ch.count,
+                                issued_ms=ch.issued_ms, verifier=ch.verifier, signature=ch.signature or "",
                                 sent_ns=open_.sent_ns, received_ns=received_ns,
                                 answer_json=None if answer is None else answer.model_dump_json(exclude_none=True),
                                 error=None if error is None else error.value)
@@ -93,11 +106,14 @@ class Pinger:
         if self.progress is not None:
             self.progress.send(("exchange", asdict(record)))
 
-    def _new_challenge(self, device_id: str) -> Challenge:
+    def _new_challenge(self, device_id: str) -> tuple[Challenge, bytes]:
         self.seq += 1
         labels = self.rng.random() < self.config.labels_share
-        return Challenge(device_id=device_id, seq=self.seq, nonce=secrets.token_bytes(32).hex(),
-                         kind="labels" if labels else "state", count=self.config.labels_count if labels else 0)
+        challenge = sign_challenge(self.account, Challenge(
+            device_id=device_id, seq=self.seq, nonce=secrets.token_bytes(32).hex(),
+            kind="labels" if labels else "state", count=self.config.labels_count if labels else 0,
+            issued_ms=time.time_ns() // 1_000_000, verifier=self.account.address), self.config.run_id)
+        return challenge, compute_challenge_digest(challenge, self.config.run_id)
 
     def _on_frame(self, open_: _Outstanding | None, item: bytes | OversizedMessage, received_ns: int
                   ) -> _Outstanding | None:
@@ -115,7 +131,10 @@ class Pinger:
             if isinstance(message, ErrorReply):
                 self._finish(open_, received_ns, None, message.code)
                 return None
-            self._finish(open_, received_ns, match_answer(open_.challenge, message), None)
+            answer = match_answer(open_.challenge, message)
+            if not is_answer_signed_by(answer, open_.digest, self.operators[open_.challenge.device_id]):
+                raise BadSignature(f"answer {answer.seq} is not signed by the operator", device=answer.device_id)
+            self._finish(open_, received_ns, answer, None)
         except SpotcheckError as exc:
             log.warning("refused an answer from %s: %s", open_.challenge.device_id, exc)
             self._finish(open_, received_ns, None, exc.code)
@@ -132,7 +151,7 @@ class Pinger:
         """Run the challenge loop and return every exchange."""
         selector = selectors.DefaultSelector()
         socks: dict[str, socket.socket] = {}
-        for device_id, path in self.config.targets:
+        for device_id, path, _ in self.config.targets:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
             socks[device_id] = sock
@@ -170,9 +189,9 @@ class Pinger:
                     open_[device_id] = None
             for device_id in socks:
                 if open_[device_id] is None and next_send[device_id] <= now < end:
-                    challenge = self._new_challenge(device_id)
+                    challenge, digest = self._new_challenge(device_id)
                     sent_ns = time.monotonic_ns()
-                    open_[device_id] = _Outstanding(challenge, sent_ns)
+                    open_[device_id] = _Outstanding(challenge, digest, sent_ns)
                     next_send[device_id] = sent_ns + self._next_gap_ns()
                     if device_id in dead:
                         continue  # recorded as missing at the next pass

@@ -38,6 +38,7 @@ class DeviceRun:
     state_tokens: int
     model: str
     far_delay_ms: float
+    operator: str
     log: DeviceLog
     exchanges: tuple[ExchangeRecord, ...]
 
@@ -83,11 +84,14 @@ def process_write_device(record: WorkloadRecord, run_id: str, run: DeviceRun) ->
         ("n_blocks", str(p.n_blocks)), ("block_bytes", str(p.block_bytes)), ("layers", str(p.layers)),
         ("parents", str(p.parents)), ("seed", seed_ref.sha256), ("tokens", tokens_ref.sha256),
         ("state_tokens", str(run.state_tokens)), ("state_bytes", str(run.log.state_bytes)),
-        ("model", run.model), ("weights", run.log.weights_digest), ("fill_s", f"{run.log.fill_s:.6f}")))]
+        ("model", run.model), ("weights", run.log.weights_digest), ("fill_s", f"{run.log.fill_s:.6f}"),
+        ("operator", run.operator)))]
     events += [TraceEvent(f"step/{s}", "step", "decode", run.device_id, start, end) for s, start, end in run.log.steps]
     for r in run.exchanges:
         events.append(TraceEvent(f"challenge/{r.seq}", "challenge", r.kind, run.device_id, r.sent_ns, r.sent_ns, (),
-                                 (("seq", str(r.seq)), ("nonce", r.nonce), ("count", str(r.count)))))
+                                 (("seq", str(r.seq)), ("nonce", r.nonce), ("count", str(r.count)),
+                                  ("issued_ms", str(r.issued_ms)), ("verifier", r.verifier),
+                                  ("signature", r.signature))))
         if r.received_ns is not None:
             attrs = (("answer", r.answer_json),) if r.answer_json else (("error", r.error or ""),)
             events.append(TraceEvent(f"response/{r.seq}", "response", r.kind, run.device_id, r.sent_ns,
@@ -109,9 +113,9 @@ def _parse_answer(device_id: str, raw: str) -> Answer:
     return message
 
 
-def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog: dict[str, int]
+def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog: dict[str, int], operator: str
                     ) -> RecordedDeviceRun:
-    """Read one device's run back from the record, with Y taken from the verifier's catalog."""
+    """Read one device's run back, with Y from the verifier's catalog and the operator from its own source."""
     device = record.get_device(device_id)
     if device.kind not in catalog:
         raise UnknownDevice(f"kind {device.kind!r} is not in the verifier's catalog", device=device_id)
@@ -123,7 +127,7 @@ def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog
     tokens = record.get_tensor(attrs["tokens"])
     declaration = DeviceDeclaration(device_id=device_id, kind=device.kind, declared_bytes=device.memory_bytes,
                                     catalog_bytes=catalog[device.kind], state_bytes=int(attrs["state_bytes"]),
-                                    stuffing=params, stuffing_seed=seed)
+                                    stuffing=params, stuffing_seed=seed, run_id=run_id, operator=operator)
     steps = tuple(StepRecord(int(e.event_id.split("/")[1]), e.start_ns, e.end_ns)
                   for e in trace.events if e.kind == "step")
     responses = {e.event_id.split("/")[1]: e for e in trace.events if e.kind == "response"}
@@ -138,7 +142,8 @@ def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog
         error = SpotCode(r_attrs["error"]) if r_attrs.get("error") else None
         received = response.end_ns if response is not None and "missing" not in r_attrs else None
         exchanges.append(Exchange(device_id=device_id, seq=int(a["seq"]), kind=e.name, nonce=bytes.fromhex(a["nonce"]),
-                                  count=int(a["count"]), sent_ns=e.start_ns, received_ns=received,
+                                  count=int(a["count"]), issued_ms=int(a["issued_ms"]), verifier=a["verifier"],
+                                  sent_ns=e.start_ns, received_ns=received,
                                   answer=answer, error=error))
     return RecordedDeviceRun(declaration=declaration, steps=steps, exchanges=tuple(exchanges), tokens=tokens,
                              state_tokens=int(attrs["state_tokens"]), model=attrs["model"],

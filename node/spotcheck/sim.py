@@ -17,14 +17,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from node.spotcheck.device import Behaviour, DeviceConfig, DeviceLog, run_device
 from node.spotcheck.errors import InvalidSpotParams
-from node.spotcheck.feasibility import FeasibilityInputs, compute_feasibility_margins, is_sound
+from node.spotcheck.feasibility import FeasibilityInputs, compute_feasibility_margins, compute_max_late, is_sound
 from node.spotcheck.pinger import ExchangeRecord, PingerConfig, run_pinger
 from node.spotcheck.record import DeviceRun, process_write_device, read_device_run
 from node.spotcheck.stuffing import StuffingParams, compute_block_on_demand, compute_cone_costs, compute_stuffing
@@ -38,7 +40,11 @@ from node.spotcheck.verify import (
     measure_window,
     split_windows,
 )
+from node.spotcheck.workload import MODEL_NAME, SMOL_NAME
 from node.workload.store import WorkloadRecord
+
+if TYPE_CHECKING:  # web3 and the chain client only when a run goes on chain
+    from node.spotcheck.devnet import OperatorOutcome, SpotDevnet
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,9 @@ class SimDeviceSpec(BaseModel):
     stale_every: int = Field(0, ge=0)
     declared_fraction: float = Field(1.0, gt=0, le=1)
     gc_pressure: bool = False
+    model: str = MODEL_NAME  # the declared workload's model
+    state_tokens: int | None = Field(None, ge=2, le=512)  # None: the cluster's default window
+    step_interval_ms: float | None = Field(None, ge=0)  # None: the cluster's default pace
 
     @property
     def cheats(self) -> bool:
@@ -77,7 +86,26 @@ def get_default_roster(far_delay_ms: float = 1500.0) -> tuple[SimDeviceSpec, ...
         SimDeviceSpec(device_id="recompute", behaviour="recompute"),
         SimDeviceSpec(device_id="stale-copy", behaviour="stale", stale_every=8),
         SimDeviceSpec(device_id="capacity-liar", behaviour="liar", declared_fraction=0.5),
+        SimDeviceSpec(device_id="smol-honest", model=SMOL_NAME, state_tokens=16, step_interval_ms=500.0),
     )
+
+
+@dataclass(frozen=True)
+class SimKeys:
+    """The run's keys: the verifiers (whose challenges devices answer) and one operator per device."""
+
+    verifiers: tuple[LocalAccount, ...]
+    operators: dict[str, LocalAccount]
+
+    def get_verifier_addresses(self) -> tuple[str, ...]:
+        """Return the verifiers' addresses: every device's allow-list."""
+        return tuple(v.address for v in self.verifiers)
+
+
+def make_keys(devices: tuple[SimDeviceSpec, ...], n_verifiers: int = 3) -> SimKeys:
+    """Return fresh random keys for the verifiers and one operator per device (a run without a chain)."""
+    return SimKeys(tuple(Account.create() for _ in range(n_verifiers)),
+                   {d.device_id: Account.create() for d in devices})
 
 
 class SimConfig(BaseModel):
@@ -97,6 +125,11 @@ class SimConfig(BaseModel):
     labels_share: float = 0.5
     labels_count: int = 64
     x_ms: float = 500.0
+    # honest answers over X, measured on this machine under load (docs/spotcheck.md: 6 of 2,994 at load ≥ 22),
+    # and the false-alarm probability per honest window we accept: a window fails on lateness alone only when
+    # it holds more late answers than that rate explains (one late answer slashed honest operators at max_late 0)
+    honest_late_rate: float = Field(0.002, ge=0, lt=1)
+    false_alarm_target: float = Field(1e-6, gt=0, lt=1)
     min_undeclared_bytes: int = 1 << 20  # no model worth hiding fits in 1 MiB (tiny-llama alone is 26 MB)
     timeout_ms: float = 10_000.0
     cpu_hog: bool = True
@@ -113,8 +146,10 @@ class SimConfig(BaseModel):
 
     def get_policy(self) -> SpotcheckPolicy:
         """Return the verifier's thresholds for this run."""
-        return SpotcheckPolicy(x_ms=self.x_ms, max_late=0, state_tolerance_quanta=0,
-                               capacity_slack_bytes=self.block_bytes, min_challenges=1)
+        expected = max(1, round(self.rate_hz * self.window_s))
+        return SpotcheckPolicy(x_ms=self.x_ms,
+                               max_late=compute_max_late(expected, self.honest_late_rate, self.false_alarm_target),
+                               state_tolerance_quanta=0, capacity_slack_bytes=self.block_bytes, min_challenges=1)
 
 
 @dataclass(frozen=True)
@@ -126,6 +161,7 @@ class DeviceResult:
     cheats: bool
     fill_s: float
     steps: int
+    step_ms_median: float  # the declared workload's step time on the device (its own clock)
     gc_pauses_ms: tuple[float, ...]
     measurements: tuple[WindowMeasurement, ...]
     verdicts: tuple[WindowVerdict, ...]
@@ -146,11 +182,19 @@ class SimResult:
     config: dict[str, Any]
     feasibility: dict[str, Any]
     elapsed_s: float
+    chain: tuple[OperatorOutcome, ...] | None = None  # with a chain: what it did to each device's operator
+
+    @property
+    def chain_ok(self) -> bool | None:
+        """Check that exactly the cheaters' operators were slashed on chain (None without a chain)."""
+        from node.spotcheck.devnet import is_chain_ok
+
+        return None if self.chain is None else is_chain_ok(self.chain, {d.device_id: d.cheats for d in self.devices})
 
     @property
     def ok(self) -> bool:
-        """Check that every cheater was flagged and no honest device was."""
-        return all(d.flagged == d.cheats for d in self.devices)
+        """Check that every cheater was flagged and no honest device was (and, with a chain, slashed or not)."""
+        return all(d.flagged == d.cheats for d in self.devices) and self.chain_ok is not False
 
 
 def run_cpu_hog(stop_at: float) -> None:
@@ -168,14 +212,19 @@ def get_context() -> Any:
     return ctx
 
 
-def _device_config(config: SimConfig, spec: SimDeviceSpec, socket_dir: Path, index: int) -> DeviceConfig:
+def _device_config(config: SimConfig, spec: SimDeviceSpec, socket_dir: Path, index: int, run_id: str,
+                   keys: SimKeys) -> DeviceConfig:
     arena = config.arena_mib << 20
-    return DeviceConfig(device_id=spec.device_id, socket_path=str(socket_dir / f"{index}.sock"), arena_bytes=arena,
+    return DeviceConfig(device_id=spec.device_id, socket_path=str(socket_dir / f"{index}.sock"), run_id=run_id,
+                        operator_key=SecretStr(bytes(keys.operators[spec.device_id].key).hex()),
+                        verifiers=keys.get_verifier_addresses(), arena_bytes=arena,
                         declared_bytes=int(arena * spec.declared_fraction), stuffing_seed=secrets.token_hex(32),
-                        prompt_seed=index, state_tokens=config.state_tokens, block_bytes=config.block_bytes,
-                        layers=config.layers, behaviour=spec.behaviour, evict_fraction=spec.evict_fraction,
-                        far_delay_ms=spec.far_delay_ms, stale_every=spec.stale_every, gc_pressure=spec.gc_pressure,
-                        step_interval_ms=config.step_interval_ms)
+                        model=spec.model, prompt_seed=index, state_tokens=spec.state_tokens or config.state_tokens,
+                        block_bytes=config.block_bytes, layers=config.layers, behaviour=spec.behaviour,
+                        evict_fraction=spec.evict_fraction, far_delay_ms=spec.far_delay_ms,
+                        stale_every=spec.stale_every, gc_pressure=spec.gc_pressure,
+                        step_interval_ms=(config.step_interval_ms if spec.step_interval_ms is None
+                                          else spec.step_interval_ms))
 
 
 def _wait_ready(pipes: list[Connection], configs: list[DeviceConfig], timeout_s: float, on_event: OnEvent) -> None:
@@ -187,12 +236,19 @@ def _wait_ready(pipes: list[Connection], configs: list[DeviceConfig], timeout_s:
         on_event("ready", {"device_id": dc.device_id, **info})
 
 
-def run_cluster(config: SimConfig, on_event: OnEvent) -> tuple[list[DeviceConfig], list[DeviceLog],
-                                                                list[ExchangeRecord]]:
-    """Start devices, hog and pinger; run; stop everything; return configs, device logs and exchanges."""
+def new_run_id() -> str:
+    """Return a fresh run id: UTC time and 6 random hex digits."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def run_cluster(config: SimConfig, on_event: OnEvent, run_id: str | None = None, keys: SimKeys | None = None
+                ) -> tuple[list[DeviceConfig], list[DeviceLog], list[ExchangeRecord]]:
+    """Start devices, hog and pinger (for the first verifier); run; stop all; return configs, logs and exchanges."""
     ctx = get_context()
+    run_id = run_id or new_run_id()
+    keys = keys or make_keys(config.devices)
     socket_dir = Path(tempfile.mkdtemp(prefix="vsc-", dir="/tmp"))  # AF_UNIX paths must stay short
-    configs = [_device_config(config, spec, socket_dir, i) for i, spec in enumerate(config.devices)]
+    configs = [_device_config(config, spec, socket_dir, i, run_id, keys) for i, spec in enumerate(config.devices)]
     procs: list[Any] = []
     pipes: list[Connection] = []
     try:
@@ -208,7 +264,9 @@ def run_cluster(config: SimConfig, on_event: OnEvent) -> tuple[list[DeviceConfig
             hog.start()
             procs.append(hog)
         parent, child = ctx.Pipe()
-        pinger_config = PingerConfig(targets=tuple((dc.device_id, dc.socket_path) for dc in configs),
+        targets = tuple((dc.device_id, dc.socket_path, keys.operators[dc.device_id].address) for dc in configs)
+        pinger_config = PingerConfig(targets=targets, run_id=run_id,
+                                     verifier_key=SecretStr(bytes(keys.verifiers[0].key).hex()),
                                      rate_hz=config.rate_hz, labels_share=config.labels_share,
                                      labels_count=config.labels_count, timeout_ms=config.timeout_ms,
                                      run_s=config.run_s)
@@ -238,7 +296,7 @@ def run_cluster(config: SimConfig, on_event: OnEvent) -> tuple[list[DeviceConfig
 
 
 def write_run(record_path: Path, run_id: str, config: SimConfig, configs: list[DeviceConfig],
-              logs: list[DeviceLog], records: list[ExchangeRecord]) -> None:
+              logs: list[DeviceLog], records: list[ExchangeRecord], keys: SimKeys) -> None:
     """Write every device's run into the workload record."""
     far_delay_ms = max((spec.far_delay_ms for spec in config.devices), default=0.0)  # the machine's far tier
     with WorkloadRecord.open(record_path) as record:
@@ -249,21 +307,27 @@ def write_run(record_path: Path, run_id: str, config: SimConfig, configs: list[D
             process_write_device(record, run_id, DeviceRun(
                 device_id=dc.device_id, kind=config.kind, declared_bytes=dc.declared_bytes,
                 stuffing_seed=bytes.fromhex(dc.stuffing_seed), stuffing=params, state_tokens=dc.state_tokens,
-                model="tiny-llama", far_delay_ms=far_delay_ms, log=device_log, exchanges=mine))
+                model=dc.model, far_delay_ms=far_delay_ms, operator=keys.operators[dc.device_id].address,
+                log=device_log, exchanges=mine))
 
 
-def verify_device(record: WorkloadRecord, run_id: str, device_id: str, config: SimConfig, model: Any
-                  ) -> tuple[tuple[WindowMeasurement, ...], tuple[WindowVerdict, ...]]:
-    """Verify one device from the record alone: recompute its stuffing and its answered states, decide windows."""
+def verify_device(record: WorkloadRecord, run_id: str, spec: SimDeviceSpec, operator: str, config: SimConfig,
+                  models: dict[str, Any]) -> tuple[tuple[WindowMeasurement, ...], tuple[WindowVerdict, ...]]:
+    """Verify one device from the record alone: recompute its stuffing and its answered states, decide windows.
+
+    The verifier's own inputs are the run config (the device's declared model, its operator) and its catalog;
+    everything else is read from the record and recomputed.
+    """
     from node.spotcheck.workload import WorkloadReplayer, get_weights_digest  # torch only where states are replayed
 
-    run = read_device_run(record, run_id, device_id, config.get_catalog())
+    run = read_device_run(record, run_id, spec.device_id, config.get_catalog(), operator)
     check_exchanges([run.declaration], run.exchanges)
+    if run.model != spec.model or run.weights_digest != get_weights_digest(models[spec.model]):
+        raise InvalidSpotParams(f"ran {run.model} {run.weights_digest[:16]}, not the declared {spec.model}",
+                                device=spec.device_id)
     blocks = np.empty((run.declaration.stuffing.n_blocks, run.declaration.stuffing.words), dtype=np.uint64)
     compute_stuffing(run.declaration.stuffing_seed, run.declaration.stuffing, blocks)
-    if run.weights_digest != get_weights_digest(model):
-        raise InvalidSpotParams(f"ran other weights than the verifier's {run.model}", device=device_id)
-    replayer = WorkloadReplayer(model, run.tokens, run.state_tokens)
+    replayer = WorkloadReplayer(models[spec.model], run.tokens, run.state_tokens)
     start = min((e.sent_ns for e in run.exchanges), default=0)
     windows = split_windows(run.exchanges, start, int(config.window_s * 1e9))
     measured = tuple(measure_window(run.declaration, w, run.steps, exchanges, blocks, replayer.recompute_state)
@@ -272,34 +336,94 @@ def verify_device(record: WorkloadRecord, run_id: str, device_id: str, config: S
     return measured, tuple(decide_window(m, policy) for m in measured)
 
 
-def run_sim(config: SimConfig, out_dir: Path, on_event: OnEvent) -> SimResult:
-    """Run the whole simulation, write the record under out_dir, verify from it, return the result."""
+def load_models(config: SimConfig) -> dict[str, Any]:
+    """Return the verifier's copy of every model the devices declare (one load per model)."""
     from node.spotcheck.workload import build_model
 
-    started = time.monotonic()
-    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
-    on_event("phase", {"text": f"starting {len(config.devices)} devices (fill {config.arena_mib} MiB each)"})
-    configs, logs, records = run_cluster(config, on_event)
-    record_path = out_dir / "records" / run_id
-    on_event("phase", {"text": f"writing the workload record {record_path}"})
-    write_run(record_path, run_id, config, configs, logs, records)
-    on_event("phase", {"text": "verifying every device from the record"})
-    model = build_model()
+    return {name: build_model(name) for name in sorted({d.model for d in config.devices})}
+
+
+def verify_run(record_path: Path, run_id: str, config: SimConfig, operators: dict[str, str],
+               logs: list[DeviceLog], models: dict[str, Any], on_event: OnEvent) -> list[DeviceResult]:
+    """Verify every device of a run from the record (one verifier's independent decisions)."""
     results = []
     with WorkloadRecord.open(record_path, readonly=True) as record:
         for spec, device_log in zip(config.devices, logs, strict=True):
-            measured, verdicts = verify_device(record, run_id, spec.device_id, config, model)
+            measured, verdicts = verify_device(record, run_id, spec, operators[spec.device_id], config, models)
             results.append(DeviceResult(device_id=spec.device_id, behaviour=spec.behaviour, cheats=spec.cheats,
                                         fill_s=device_log.fill_s, steps=len(device_log.steps),
+                                        step_ms_median=float(np.median([(e - b) / 1e6 for _, b, e in device_log.steps]
+                                                                       or [0.0])),
                                         gc_pauses_ms=tuple(device_log.gc_pauses_ms), measurements=measured,
                                         verdicts=verdicts))
             on_event("verdict", {"device_id": spec.device_id, "failures": sorted(
                 {f for v in verdicts for f in v.failures}), "windows": len(verdicts)})
-        on_event("phase", {"text": "measuring Z on an honest device's stuffing"})
-        feasibility = get_feasibility(record, run_id, config, results)
+    return results
+
+
+def run_votes(devnet: SpotDevnet, config: SimConfig, record_path: Path, run_id: str, operators: dict[str, str],
+              logs: list[DeviceLog], models: dict[str, Any], first: list[DeviceResult], out_dir: Path,
+              on_event: OnEvent) -> None:
+    """Let every validator decide from the record (the first one's decisions are `first`) and submit its votes."""
+    from node.spotcheck.devnet import DeviceVotes, process_votes
+
+    for i, validator in enumerate(devnet.validators):
+        on_event("phase", {"text": f"validator {i} decides every window from the record and votes on chain"})
+        mine = first if i == 0 else verify_run(record_path, run_id, config, operators, logs, models,
+                                              lambda kind, payload: None)
+        decisions = [DeviceVotes(d.device_id, d.measurements, d.verdicts) for d in mine]
+        sent = process_votes(devnet, validator, decisions, config.get_policy(), run_id,
+                             out_dir / "validators" / run_id / validator.address)
+        log.info("validator %s sent %d votes", validator.address, sent)
+
+
+def run_sim(config: SimConfig, out_dir: Path, on_event: OnEvent, chain: bool = False) -> SimResult:
+    """Run the whole simulation, write the record under out_dir, verify from it, return the result.
+
+    With chain, anvil runs the hub and SpotCheck: the devices' operators are bonded and open the run, three
+    validators each verify the record and vote, and the result holds what the chain did to each operator.
+    """
+    started = time.monotonic()
+    run_id = new_run_id()
+    if not chain:
+        return _run_sim(config, out_dir, on_event, run_id, make_keys(config.devices), None, started)
+    from node.spotcheck.devnet import open_devnet
+
+    on_event("phase", {"text": "starting anvil: the hub, SpotCheck, 3 validators, one operator per device"})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open_devnet([d.device_id for d in config.devices], out_dir / f"anvil-{run_id}.log") as devnet:
+        return _run_sim(config, out_dir, on_event, run_id, SimKeys(devnet.validators, dict(devnet.operators)),
+                        devnet, started)
+
+
+def _run_sim(config: SimConfig, out_dir: Path, on_event: OnEvent, run_id: str, keys: SimKeys,
+             devnet: SpotDevnet | None, started: float) -> SimResult:
+    stakes: dict[str, int] = {}
+    if devnet is not None:
+        from node.spotcheck.devnet import process_open_runs
+
+        stakes = process_open_runs(devnet, run_id)
+    on_event("phase", {"text": f"starting {len(config.devices)} devices (fill {config.arena_mib} MiB each)"})
+    configs, logs, records = run_cluster(config, on_event, run_id, keys)
+    record_path = out_dir / "records" / run_id
+    on_event("phase", {"text": f"writing the workload record {record_path}"})
+    write_run(record_path, run_id, config, configs, logs, records, keys)
+    on_event("phase", {"text": "verifying every device from the record"})
+    operators = {d: str(a.address) for d, a in keys.operators.items()}
+    models = load_models(config)
+    results = verify_run(record_path, run_id, config, operators, logs, models, on_event)
+    on_event("phase", {"text": "measuring Z on an honest device's stuffing"})
+    with WorkloadRecord.open(record_path, readonly=True) as record:
+        feasibility = get_feasibility(record, run_id, config, results, operators)
+    outcomes = None
+    if devnet is not None:
+        from node.spotcheck.devnet import get_outcomes
+
+        run_votes(devnet, config, record_path, run_id, operators, logs, models, results, out_dir, on_event)
+        outcomes = get_outcomes(devnet, run_id, stakes, {d.device_id: d.verdicts for d in results})
     return SimResult(run_id=run_id, record_path=str(record_path), devices=tuple(results),
                      config=config.model_dump(mode="json"), feasibility=feasibility,
-                     elapsed_s=time.monotonic() - started)
+                     elapsed_s=time.monotonic() - started, chain=outcomes)
 
 
 def measure_z(declaration: DeviceDeclaration) -> float:
@@ -316,13 +440,14 @@ def measure_z(declaration: DeviceDeclaration) -> float:
     return time.perf_counter() - t0
 
 
-def get_feasibility(record: WorkloadRecord, run_id: str, config: SimConfig, results: list[DeviceResult]
-                    ) -> dict[str, Any]:
+def get_feasibility(record: WorkloadRecord, run_id: str, config: SimConfig, results: list[DeviceResult],
+                    operators: dict[str, str]) -> dict[str, Any]:
     """Return the measured (X, Y, Z) inputs, their margins and whether they are sound on this machine."""
     honest = [d for d in results if not d.cheats]
     if not honest:
         return {}
-    declaration = read_device_run(record, run_id, honest[0].device_id, config.get_catalog()).declaration
+    first = honest[0].device_id
+    declaration = read_device_run(record, run_id, first, config.get_catalog(), operators[first]).declaration
     latencies = [x for d in honest for m in d.measurements for x in m.latencies_ms]
     far = max((d.far_delay_ms for d in config.devices), default=0.0)
     inputs = FeasibilityInputs(x_s=config.x_ms / 1e3, y_bytes=declaration.catalog_bytes,
@@ -341,15 +466,17 @@ def get_result_json(result: SimResult) -> dict[str, Any]:
         latencies = [x for m in d.measurements for x in m.latencies_ms]
         devices.append({
             "device_id": d.device_id, "behaviour": d.behaviour, "cheats": d.cheats, "flagged": d.flagged,
-            "fill_s": d.fill_s, "steps": d.steps,
+            "fill_s": d.fill_s, "steps": d.steps, "step_ms_median": d.step_ms_median,
             "gc_pause_ms_max": max(d.gc_pauses_ms, default=0.0),
             "latency_ms": {"n": len(latencies), "p50": float(np.percentile(latencies, 50)) if latencies else None,
                            "p99": float(np.percentile(latencies, 99)) if latencies else None,
                            "max": max(latencies, default=None)},
             "windows": [{**asdict(v), **{k: getattr(m, k) for k in (
-                "challenges", "state_challenges", "labels_challenges", "missing", "errors", "wrong_labels",
+                "challenges", "state_challenges", "labels_challenges", "missing", "errors", "unsigned", "wrong_labels",
                 "stale_state", "unknown_step")}, "max_state_quanta": max(m.state_quanta, default=0)}
                 for m, v in zip(d.measurements, d.verdicts, strict=True)],
         })
+    chain = None if result.chain is None else {"ok": result.chain_ok, "operators": [
+        {**asdict(o), "slashed": o.slashed} for o in result.chain]}
     return {"run_id": result.run_id, "ok": result.ok, "elapsed_s": result.elapsed_s, "record": result.record_path,
-            "config": result.config, "feasibility": result.feasibility, "devices": devices}
+            "config": result.config, "feasibility": result.feasibility, "devices": devices, "chain": chain}

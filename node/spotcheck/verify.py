@@ -4,7 +4,9 @@ Inputs come from the workload record: the device's declaration (with Y from the 
 step events, and the pinger's challenge/response events with the answers. Latencies are the pinger's
 (send → receive on its clock), never the device's. Labels are checked against the stuffing recomputed
 from the seed; state answers against the state re-executed from the recorded inputs (a callable, so the
-engine stays an adapter). ``measure_window`` returns numbers; ``decide_window`` applies the thresholds.
+engine stays an adapter). An answer counts only if the device's operator signed it for exactly that
+challenge (``node.spotcheck.auth``); one that is not is counted as missing (and as unsigned).
+``measure_window`` returns numbers; ``decide_window`` applies the thresholds.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from node.spotcheck.answers import (
     compute_state_answer,
     compute_state_distance,
 )
+from node.spotcheck.auth import compute_challenge_digest, is_answer_signed_by
 from node.spotcheck.errors import ReplayedNonce, SpotCode, UnknownDevice
 from node.spotcheck.stuffing import StuffingParams
-from node.spotcheck.wire import Answer
+from node.spotcheck.wire import Answer, Challenge
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class DeviceDeclaration:
     state_bytes: int
     stuffing: StuffingParams
     stuffing_seed: bytes
+    run_id: str
+    operator: str  # from the verifier's own source (run config, the chain's openRun), never from the prover
 
     @property
     def accounted_bytes(self) -> int:
@@ -63,10 +68,18 @@ class Exchange:
     kind: str
     nonce: bytes
     count: int
+    issued_ms: int
+    verifier: str
     sent_ns: int
     received_ns: int | None
     answer: Answer | None
     error: SpotCode | None = None
+
+    def get_challenge(self) -> Challenge:
+        """Return the challenge as it was sent (without its signature: the digest does not cover it)."""
+        return Challenge(device_id=self.device_id, seq=self.seq, nonce=self.nonce.hex(),
+                         kind="labels" if self.kind == "labels" else "state", count=self.count,
+                         issued_ms=self.issued_ms, verifier=self.verifier)
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,7 @@ class WindowMeasurement:
     labels_challenges: int
     missing: int
     errors: int
+    unsigned: int
     wrong_labels: int
     stale_state: int
     unknown_step: int
@@ -139,12 +153,17 @@ def measure_window(declaration: DeviceDeclaration, window: int, steps: Sequence[
     ends = [s.end_ns for s in ordered]
     latencies: list[float] = []
     quanta: list[int] = []
-    missing = errors = wrong_labels = stale = unknown = n_state = 0
+    missing = errors = unsigned = wrong_labels = stale = unknown = n_state = 0
     for ex in exchanges:
         n_state += ex.kind == "state"
         if ex.answer is None or ex.received_ns is None:
             missing += 1
             errors += ex.error is not None
+            continue
+        if not is_answer_signed_by(ex.answer, compute_challenge_digest(ex.get_challenge(), declaration.run_id),
+                                   declaration.operator):
+            missing += 1  # not attributable to the operator: not an answer
+            unsigned += 1
             continue
         latencies.append((ex.received_ns - ex.sent_ns) / 1e6)
         answer = ex.answer
@@ -165,7 +184,8 @@ def measure_window(declaration: DeviceDeclaration, window: int, steps: Sequence[
         quanta.append(compute_state_distance(answer.sketch or (), recomputed))
     return WindowMeasurement(
         device_id=declaration.device_id, window=window, challenges=len(exchanges), state_challenges=n_state,
-        labels_challenges=len(exchanges) - n_state, missing=missing, errors=errors, wrong_labels=wrong_labels,
+        labels_challenges=len(exchanges) - n_state, missing=missing, errors=errors, unsigned=unsigned,
+        wrong_labels=wrong_labels,
         stale_state=stale, unknown_step=unknown, latencies_ms=tuple(latencies), state_quanta=tuple(quanta),
         declared_bytes=declaration.declared_bytes, catalog_bytes=declaration.catalog_bytes,
         accounted_bytes=declaration.accounted_bytes)

@@ -19,6 +19,8 @@ MAX_FRAME = 4096
 HEADER = struct.Struct(">I")
 HEX32 = r"^[0-9a-f]{64}$"
 DEVICE_ID = r"^[A-Za-z0-9_.:-]{1,64}$"
+ADDRESS = r"^0x[0-9a-fA-F]{40}$"
+SIGNATURE = r"^[0-9a-f]{130}$"  # EIP-191 r ‖ s ‖ v, checked by node.spotcheck.auth
 
 
 class _Message(BaseModel):
@@ -29,13 +31,19 @@ class _Message(BaseModel):
 
 
 class Challenge(_Message):
-    """"Return the LSH of your identifying state" or "the digest of these labels", seeded by a fresh nonce."""
+    """"Return the LSH of your identifying state" or "the digest of these labels", seeded by a fresh nonce.
+
+    Signed by the verifier it names (``node.spotcheck.auth``); issued_ms is the verifier's wall clock.
+    """
 
     type: Literal["challenge"] = "challenge"
     seq: int = Field(ge=0, lt=1 << 62)
     nonce: str = Field(pattern=HEX32)
     kind: Literal["state", "labels"]
     count: int = Field(ge=0, le=MAX_LABELS_PER_CHALLENGE)
+    issued_ms: int = Field(ge=0, lt=1 << 62)
+    verifier: str = Field(pattern=ADDRESS)
+    signature: str | None = Field(default=None, pattern=SIGNATURE)
 
     @model_validator(mode="after")
     def _count_fits_kind(self) -> Self:
@@ -54,6 +62,7 @@ class Answer(_Message):
     step: int | None = Field(default=None, ge=0, lt=1 << 62)
     sketch: tuple[int, ...] | None = None
     digest: str | None = Field(default=None, pattern=HEX32)
+    signature: str | None = Field(default=None, pattern=SIGNATURE)  # the operator's, over challenge ‖ answer
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> Self:

@@ -1,9 +1,11 @@
-"""The declared workload of a simulated device: greedy inference steps of the registry's tiny llama (torch).
+"""The declared workload of a simulated device: inference steps of a registry llama (tiny-llama, SmolLM2-135M).
 
 Step s feeds the sliding window tokens[s : s+T] and keeps the final-norm hidden states of that window
 (T × hidden float32) as the device's identifying state; a token sampled from the last position is appended
 (greedy decoding of a random model falls into a one-token loop, and a constant state would make a stale copy
-indistinguishable). The tokens are recorded, so a verifier re-executes any step from them.
+indistinguishable). The tokens are recorded, so a verifier re-executes any step from them. A step is a
+decode step without a KV cache (the window is recomputed), so the verifier's replay runs the very same
+computation and is bit-identical; a cached decode would need a calibrated tolerance instead.
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from node.engines.hf_convert import compute_state_dict_sha256
-from node.engines.models import get_model_spec
+from node.engines.models import get_model_spec, materialise_model
+from node.spotcheck.errors import InvalidSpotParams
 
 MODEL_NAME = "tiny-llama"
+SMOL_NAME = "smollm2-135m-instruct"
 
 
 def build_model(name: str = MODEL_NAME) -> LlamaForCausalLM:
-    """Build the registry's tiny random llama from its config and seed (the same weights as its build step)."""
+    """Return a registry llama in float32: tiny-llama built from its config and seed, others from the model cache."""
     spec = get_model_spec(name)
+    if spec.source != "tiny-random":
+        files = materialise_model(spec)  # the same folder node.engines serves and node.calibrate loads
+        loaded = LlamaForCausalLM.from_pretrained(str(files.path), dtype=torch.float32, local_files_only=True)
+        if not isinstance(loaded, LlamaForCausalLM):
+            raise InvalidSpotParams(f"{name} is not a llama-architecture model")
+        loaded.eval()  # type: ignore[no-untyped-call]
+        return loaded
     options: dict[str, Any] = dict(spec.config)
     config = LlamaConfig(vocab_size=spec.vocab_size, tie_word_embeddings=True, **options)
     with torch.random.fork_rng(devices=[]):

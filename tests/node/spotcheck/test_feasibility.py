@@ -56,3 +56,28 @@ def test_soundness_needs_every_margin():
 def test_bad_domain_is_a_typed_error(args):
     with pytest.raises(InvalidSpotParams):
         compute_detection_probability(*args)
+
+
+def test_the_late_tolerance_is_the_least_that_keeps_honest_windows_under_the_false_alarm_target() -> None:
+    from node.spotcheck.feasibility import compute_false_alarm_probability, compute_max_late
+
+    m = compute_max_late(40, 0.002, 1e-6)  # the sim's window (2 Hz × 20 s) at the measured honest late rate
+    assert m == 4
+    assert compute_false_alarm_probability(40, 0.002, m) <= 1e-6 < compute_false_alarm_probability(40, 0.002, m - 1)
+    assert compute_max_late(40, 0.0, 1e-6) == 0, "a machine that is never late tolerates nothing"
+    assert compute_max_late(10, 0.9, 1e-6) == 10, "never more than the window's challenges"
+
+
+def test_the_sim_policy_tolerates_a_machine_stall_but_not_a_far_state() -> None:
+    from node.spotcheck.sim import SimConfig
+    from node.spotcheck.verify import WindowMeasurement, decide_window
+
+    policy = SimConfig().get_policy()
+    base = dict(device_id="d", window=0, challenges=19, state_challenges=9, labels_challenges=10, missing=0, errors=0,
+                unsigned=0,
+                wrong_labels=0, stale_state=0, unknown_step=0, state_quanta=(), declared_bytes=1, catalog_bytes=1,
+                accounted_bytes=1)
+    stall = [220.0] * 18 + [1538.0]  # run 3: one ~1.5 s stall of the whole machine
+    far = [220.0] * 10 + [900.0] * 9  # every state answer from far memory
+    assert decide_window(WindowMeasurement(**base, latencies_ms=tuple(stall)), policy).passed
+    assert decide_window(WindowMeasurement(**base, latencies_ms=tuple(far)), policy).failures == ("late",)

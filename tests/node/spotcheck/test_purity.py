@@ -7,9 +7,9 @@ import pytest
 from tests.test_layering import IO_MODULES, imports_of
 
 ROOT = Path(__file__).resolve().parents[3]
-PURE = ("errors", "stuffing", "answers", "wire", "feasibility", "verify")
+PURE = ("errors", "stuffing", "answers", "wire", "auth", "feasibility", "verify")
 ALLOWED_NODE = ("node.protocol", "node.spotcheck.errors", "node.spotcheck.stuffing", "node.spotcheck.answers",
-                "node.spotcheck.wire", "node.spotcheck.feasibility")
+                "node.spotcheck.wire", "node.spotcheck.auth", "node.spotcheck.feasibility")
 
 
 @pytest.mark.parametrize("name", PURE)

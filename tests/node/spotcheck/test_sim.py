@@ -5,6 +5,7 @@ from typer.testing import CliRunner
 
 from node.cli_spotcheck import spotcheck_app
 from node.spotcheck.sim import SimConfig, SimDeviceSpec, run_sim
+from node.spotcheck.workload import SMOL_NAME
 
 
 def test_a_small_cluster_flags_exactly_the_cheaters(tmp_path):
@@ -24,8 +25,39 @@ def test_a_small_cluster_flags_exactly_the_cheaters(tmp_path):
     assert result.feasibility["inputs"]["z_min_s"] > 0
 
 
+def test_on_chain_three_validators_slash_exactly_the_cheaters_operator(tmp_path):
+    roster = (SimDeviceSpec(device_id="honest"),
+              SimDeviceSpec(device_id="evict-half", behaviour="evict", evict_fraction=0.5))
+    config = SimConfig(devices=roster, arena_mib=2, layers=4, run_s=4, window_s=2, rate_hz=4, cpu_hog=False)
+    result = run_sim(config, tmp_path, lambda kind, payload: None, chain=True)
+    outcomes = {o.device_id: o for o in result.chain}
+    assert outcomes["evict-half"].slashed and outcomes["evict-half"].jailed and 2 in outcomes["evict-half"].windows
+    assert not outcomes["honest"].slashed and not outcomes["honest"].jailed
+    assert outcomes["honest"].windows and set(outcomes["honest"].windows) == {1}
+    assert result.chain_ok and result.ok
+    stores = list((tmp_path / "validators" / result.run_id).iterdir())
+    assert len(stores) == 3  # each validator recorded its decisions before signing
+
+
 @pytest.mark.e2e
 def test_the_sim_command_catches_every_cheater_of_the_default_roster(tmp_path):
     result = CliRunner().invoke(spotcheck_app, ["sim", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "spotcheck-sim.json").exists() and (tmp_path / "detection.png").exists()
+
+
+def test_smollm2_devices_run_real_decode_steps_and_replay_bit_identically(tmp_path):
+    roster = (SimDeviceSpec(device_id="smol", model=SMOL_NAME, state_tokens=16),
+              SimDeviceSpec(device_id="smol-stale", model=SMOL_NAME, state_tokens=16, behaviour="stale",
+                            stale_every=4))
+    config = SimConfig(devices=roster, arena_mib=2, layers=4, run_s=4, window_s=4, rate_hz=4, cpu_hog=False,
+                       step_interval_ms=200)
+    result = run_sim(config, tmp_path, lambda kind, payload: None)
+    by_id = {d.device_id: d for d in result.devices}
+    honest = by_id["smol"]
+    assert not honest.flagged, honest.verdicts
+    quanta = [q for m in honest.measurements for q in m.state_quanta]
+    assert quanta and max(quanta) == 0  # the verifier's replay of SmolLM2 steps is bit-identical
+    assert honest.steps >= 3  # real SmolLM2 steps (≈ 100 ms idle; seconds each on a loaded machine)
+    assert "wrong_state" in {f for v in by_id["smol-stale"].verdicts for f in v.failures}
+    assert result.ok

@@ -2,8 +2,10 @@ import hashlib
 
 import numpy as np
 import pytest
+from eth_account import Account
 
 from node.spotcheck.answers import compute_challenge_indices, compute_labels_digest, compute_state_answer
+from node.spotcheck.auth import compute_challenge_digest, sign_answer
 from node.spotcheck.errors import ReplayedNonce, SpotCode, UnknownDevice
 from node.spotcheck.stuffing import StuffingParams, compute_stuffing
 from node.spotcheck.verify import (
@@ -22,8 +24,11 @@ PARAMS = StuffingParams(n_blocks=32, block_bytes=128, layers=2)
 SEED = b"\x07" * 32
 MS = 1_000_000
 POLICY = SpotcheckPolicy(x_ms=50, capacity_slack_bytes=128)
+OPERATOR = Account.from_key(b"\x05" * 32)
+VERIFIER = "0x" + "12" * 20
+RUN = "run-1"
 DECL = DeviceDeclaration("dev", "sim", declared_bytes=4096 + 1024, catalog_bytes=4096 + 1024, state_bytes=1024,
-                         stuffing=PARAMS, stuffing_seed=SEED)
+                         stuffing=PARAMS, stuffing_seed=SEED, run_id=RUN, operator=OPERATOR.address)
 
 
 def state_of(step: int) -> np.ndarray:
@@ -44,6 +49,13 @@ def nonce(i: int) -> bytes:
     return hashlib.sha256(i.to_bytes(4, "big")).digest()
 
 
+def signed(ex: Exchange, answer: Answer, signer=OPERATOR, run_id: str = RUN) -> Exchange:
+    """Return the exchange with the answer signed by `signer` for the exchange's challenge in `run_id`."""
+    digest = compute_challenge_digest(ex.get_challenge(), run_id)
+    return Exchange(ex.device_id, ex.seq, ex.kind, ex.nonce, ex.count, ex.issued_ms, ex.verifier, ex.sent_ns,
+                    ex.received_ns, sign_answer(signer, digest, answer))
+
+
 def labels_exchange(i: int, blocks: np.ndarray, sent_ms: float, latency_ms: float = 5, tamper: bool = False
                     ) -> Exchange:
     n = nonce(i)
@@ -52,7 +64,9 @@ def labels_exchange(i: int, blocks: np.ndarray, sent_ms: float, latency_ms: floa
         view[:] = 0
     digest = compute_labels_digest(n, compute_challenge_indices(n, PARAMS.n_blocks, 8), view)
     answer = Answer(device_id="dev", seq=i, nonce=n.hex(), kind="labels", digest=digest)
-    return Exchange("dev", i, "labels", n, 8, int(sent_ms * MS), int((sent_ms + latency_ms) * MS), answer)
+    ex = Exchange("dev", i, "labels", n, 8, 1000 + i, VERIFIER, int(sent_ms * MS), int((sent_ms + latency_ms) * MS),
+                  None)
+    return signed(ex, answer)
 
 
 def state_exchange(i: int, sent_ms: float, step: int, state_step: int | None = None, latency_ms: float = 5
@@ -60,7 +74,9 @@ def state_exchange(i: int, sent_ms: float, step: int, state_step: int | None = N
     n = nonce(i)
     sketch = compute_state_answer(state_of(step if state_step is None else state_step), n)
     answer = Answer(device_id="dev", seq=i, nonce=n.hex(), kind="state", step=step, sketch=sketch)
-    return Exchange("dev", i, "state", n, 0, int(sent_ms * MS), int((sent_ms + latency_ms) * MS), answer)
+    ex = Exchange("dev", i, "state", n, 0, 1000 + i, VERIFIER, int(sent_ms * MS), int((sent_ms + latency_ms) * MS),
+                  None)
+    return signed(ex, answer)
 
 
 def verdict(exchanges, blocks, decl=DECL):
@@ -110,14 +126,35 @@ def test_a_step_that_ends_between_send_and_answer_is_fine(blocks):
 
 
 def test_missing_and_refused_answers_fail(blocks):
-    ex = Exchange("dev", 1, "labels", nonce(1), 8, 50 * MS, None, None, SpotCode.MALFORMED)
+    ex = Exchange("dev", 1, "labels", nonce(1), 8, 1001, VERIFIER, 50 * MS, None, None, SpotCode.MALFORMED)
     m, v = verdict([ex], blocks)
     assert v.failures == ("missing",) and m.errors == 1
 
 
+@pytest.mark.parametrize("how", ["another key", "another run", "another challenge", "unsigned"])
+def test_an_answer_not_signed_by_the_operator_for_this_challenge_counts_as_missing(blocks, how):
+    honest = labels_exchange(1, blocks, 50)
+    answer = honest.answer.model_copy(update={"signature": None})
+    if how == "another key":
+        forged = signed(honest, answer, signer=Account.from_key(b"\x06" * 32))
+    elif how == "another run":
+        forged = signed(honest, answer, run_id="run-2")
+    elif how == "another challenge":  # the same answer bytes, signed for seq 2, replayed as seq 1's answer
+        other = signed(labels_exchange(2, blocks, 60), answer)
+        forged = Exchange(*(getattr(honest, f) for f in ("device_id", "seq", "kind", "nonce", "count", "issued_ms",
+                                                          "verifier", "sent_ns", "received_ns")), other.answer)
+    else:
+        forged = Exchange(*(getattr(honest, f) for f in ("device_id", "seq", "kind", "nonce", "count", "issued_ms",
+                                                          "verifier", "sent_ns", "received_ns")), answer)
+    m, v = verdict([forged], blocks)
+    assert v.failures == ("missing",) and m.unsigned == 1 and m.wrong_labels == 0
+    assert verdict([honest], blocks)[1].passed
+
+
 def test_capacity_below_the_catalog_fails(blocks):
     liar = DeviceDeclaration("dev", "sim", declared_bytes=2048, catalog_bytes=DECL.catalog_bytes, state_bytes=1024,
-                             stuffing=StuffingParams(n_blocks=8, block_bytes=128, layers=2), stuffing_seed=SEED)
+                             stuffing=StuffingParams(n_blocks=8, block_bytes=128, layers=2), stuffing_seed=SEED,
+                             run_id=RUN, operator=OPERATOR.address)
     _, v = verdict([], blocks, decl=liar)
     assert set(v.failures) == {"capacity", "too_few_challenges"}
 

@@ -15,14 +15,19 @@ from node.spotcheck.wire import (
 )
 
 NONCE = "ab" * 32
-GOOD = {"type": "challenge", "v": 1, "device_id": "d-0", "seq": 3, "nonce": NONCE, "kind": "labels", "count": 8}
+VERIFIER = "0x" + "12" * 20
+SIG = "ef" * 65
+SIGNED = {"issued_ms": 1_700_000_000_000, "verifier": VERIFIER}
+GOOD = {"type": "challenge", "v": 1, "device_id": "d-0", "seq": 3, "nonce": NONCE, "kind": "labels", "count": 8,
+        **SIGNED, "signature": SIG}
 
 
 @pytest.mark.parametrize("message", [
-    Challenge(device_id="d-0", seq=3, nonce=NONCE, kind="labels", count=8),
-    Challenge(device_id="d-0", seq=4, nonce=NONCE, kind="state", count=0),
-    Answer(device_id="d-0", seq=3, nonce=NONCE, kind="labels", digest="cd" * 32),
-    Answer(device_id="d-0", seq=4, nonce=NONCE, kind="state", step=17, sketch=tuple(range(-32, 32))),
+    Challenge(device_id="d-0", seq=3, nonce=NONCE, kind="labels", count=8, **SIGNED, signature=SIG),
+    Challenge(device_id="d-0", seq=4, nonce=NONCE, kind="state", count=0, **SIGNED),
+    Answer(device_id="d-0", seq=3, nonce=NONCE, kind="labels", digest="cd" * 32, signature=SIG),
+    Answer(device_id="d-0", seq=4, nonce=NONCE, kind="state", step=17, sketch=tuple(range(-(1 << 31), 64 - (1 << 31))),
+           signature=SIG),
     ErrorReply(device_id="d-0", seq=5, code=SpotCode.REPLAYED_NONCE, message="seen"),
 ])
 def test_every_message_round_trips_through_a_frame(message):
@@ -34,6 +39,8 @@ def test_every_message_round_trips_through_a_frame(message):
 @pytest.mark.parametrize("change", [
     {"seq": "3"}, {"seq": -1}, {"nonce": "AB" * 32}, {"nonce": "ab" * 31}, {"kind": "weights"}, {"count": 0},
     {"count": 257}, {"device_id": "bad id"}, {"device_id": ""}, {"extra": 1}, {"v": 2}, {"type": "nope"},
+    {"issued_ms": -1}, {"issued_ms": "1"}, {"verifier": "0x12"}, {"verifier": None}, {"signature": "ef" * 64},
+    {"signature": "EF" * 65},
 ])
 def test_malformed_challenges_are_typed_errors(change):
     with pytest.raises(MalformedMessage) as info:
@@ -62,7 +69,7 @@ def test_answers_must_fit_their_kind(fields):
 def test_an_oversized_frame_is_reported_once_and_skipped_without_buffering():
     decoder = FrameDecoder()
     big = encode_raw_frame(b"x" * (MAX_FRAME + 1))
-    good = encode_frame(Challenge(device_id="d", seq=1, nonce=NONCE, kind="state", count=0))
+    good = encode_frame(Challenge(device_id="d", seq=1, nonce=NONCE, kind="state", count=0, **SIGNED))
     out = []
     for i in range(0, len(big), 1000):
         out += decoder.feed(big[i:i + 1000])
@@ -73,8 +80,14 @@ def test_an_oversized_frame_is_reported_once_and_skipped_without_buffering():
         parse_message(b"x" * (MAX_FRAME + 1))
 
 
+def test_the_largest_signed_answer_fits_a_frame():
+    answer = Answer(device_id="d" * 64, seq=(1 << 62) - 1, nonce=NONCE, kind="state", step=(1 << 62) - 1,
+                    sketch=(-(1 << 31),) * 64, signature=SIG)
+    assert len(encode_frame(answer)) <= MAX_FRAME
+
+
 def test_frames_split_anywhere_reassemble():
-    frames = b"".join(encode_frame(Challenge(device_id="d", seq=i, nonce=NONCE, kind="state", count=0))
+    frames = b"".join(encode_frame(Challenge(device_id="d", seq=i, nonce=NONCE, kind="state", count=0, **SIGNED))
                       for i in range(5))
     decoder = FrameDecoder()
     bodies = [b for k in range(len(frames)) for b in decoder.feed(frames[k:k + 1])]
