@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,19 @@ class MoeTrace:
     outputs: dict[ExpertKey, ExpertRows]
     mixed: np.ndarray  # (layers, T, hidden) float32: the block's output (not committed; diagnostics)
     num_experts: int
+    # An expert's own input rows where they are not the layer's rows (only a forging executer sends these;
+    # an honest payload has none, and the link duty flags any leaf whose input hash is not its layer's).
+    expert_inputs: dict[ExpertKey, np.ndarray] = field(default_factory=dict)
+
+    def get_expert_inputs(self, key: ExpertKey) -> np.ndarray:
+        """Return the input rows of one expert's routed positions, as the payload carries them."""
+        if key in self.expert_inputs:
+            return self.expert_inputs[key]
+        rows = self.outputs.get(key)
+        if rows is None:
+            return np.zeros((0, self.inputs.shape[2]), dtype=np.float32)
+        picked: np.ndarray = self.inputs[key.layer, rows.positions]
+        return picked
 
     @property
     def num_layers(self) -> int:
@@ -115,9 +128,10 @@ def build_commitment(trace: MoeTrace) -> MoeCommitment:
     experts: dict[ExpertKey, tuple[ExpertLeaf, ...]] = {}
     for key, rows in sorted(trace.outputs.items()):
         leaves = []
+        inputs = trace.get_expert_inputs(key)
         for j, t in enumerate(rows.positions.tolist()):
             slot = int(np.nonzero(trace.experts[key.layer, t] == key.expert)[0][0])
             leaves.append(make_expert_leaf(key.layer, key.expert, t, float(trace.weights[key.layer, t, slot]),
-                                           trace.inputs[key.layer, t], rows.outputs[j]))
+                                           inputs[j], rows.outputs[j]))
         experts[key] = tuple(leaves)
     return MoeCommitment(trace.num_layers, trace.num_experts, tuple(router), experts)

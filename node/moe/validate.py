@@ -93,6 +93,7 @@ class LinkCheck:
     output_hash_mismatches: int
     fingerprint_mismatches: int  # leaves whose fingerprint is not the fingerprint of the payload row
     routing_gaps: int
+    input_hash_conflicts: int  # expert leaves whose input hash is not the router leaf's at that position
 
 
 @dataclass(frozen=True)
@@ -137,14 +138,21 @@ def _require_rows(rows: np.ndarray, positions: Sequence[int], what: str) -> None
 
 
 @torch.inference_mode()
-def verify_expert(weights: ExpertWeights, leaves: Sequence[ExpertLeaf], inputs: np.ndarray) -> ExpertCheck:
-    """Measure one expert's leaves against its recomputed outputs on the committed input rows (one per leaf)."""
+def verify_expert(weights: ExpertWeights, leaves: Sequence[ExpertLeaf], inputs: np.ndarray,
+                  row_block: int | None = None) -> ExpertCheck:
+    """Measure one expert's leaves against its recomputed outputs on the committed input rows (one per leaf).
+
+    row_block computes the rows in blocks of that many (another kernel path than one batch; the validator
+    need not batch as the executer did).
+    """
     _require_rows(inputs, [x.position for x in leaves], str(weights.key))
     bad = [x.position for x, row in zip(leaves, inputs, strict=True) if compute_vector_hash(row) != x.input_hash]
     if not leaves:
         return ExpertCheck(str(weights.key), 0, 0, 0.0, 0, None)
     x = torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.float32))
-    y = compute_expert_output(weights.gate_up, weights.down, x, weights.act).numpy()
+    step = row_block or len(leaves)
+    y = torch.cat([compute_expert_output(weights.gate_up, weights.down, x[i:i + step], weights.act)
+                   for i in range(0, len(leaves), step)]).numpy()
     measures = [measure_expert_fingerprint(leaf, row) for leaf, row in zip(leaves, y, strict=True)]
     return ExpertCheck(str(weights.key), len(leaves), len(bad), max(m.rel_error for m in measures),
                        max(m.index_mismatches for m in measures), bad[0] if bad else None)
@@ -193,6 +201,8 @@ def decide_link(check: LinkCheck, limits: MoeLimits) -> MoeReason:
         return MoeReason.ROUTING_INCOMPLETE
     if check.output_hash_mismatches:
         return MoeReason.EXPERT_OUTPUT_HASH_MISMATCH
+    if check.input_hash_conflicts:
+        return MoeReason.EXPERT_INPUT_HASH_MISMATCH
     if check.fingerprint_mismatches:
         return MoeReason.EXPERT_FINGERPRINT_MISMATCH
     if check.max_input_rel_error > limits.link_rel_error:
@@ -251,6 +261,7 @@ def verify_link(model: Any, token_ids: Sequence[int], commitment: MoeCommitment,
     from node.protocol.moe import find_routing_gaps
 
     hash_bad, fp_bad = _count_payload_mismatches(commitment, trace)
+    conflicts = count_input_hash_conflicts(commitment)
     gaps = len(find_routing_gaps(commitment))
     layers = list(model.model.layers)
     originals = [layer.mlp for layer in layers]
@@ -268,7 +279,14 @@ def verify_link(model: Any, token_ids: Sequence[int], commitment: MoeCommitment,
         own = replay.seen.numpy()
         errors.append(float(np.max(np.abs(trace.inputs[i] - own)) / max(float(np.max(np.abs(own))), 1e-30)))
     worst = int(np.argmax(errors))
-    return LinkCheck(len(layers), errors[worst], worst, hash_bad, fp_bad, gaps)
+    return LinkCheck(len(layers), errors[worst], worst, hash_bad, fp_bad, gaps, conflicts)
+
+
+def count_input_hash_conflicts(commitment: MoeCommitment) -> int:
+    """Return how many expert leaves commit an input hash other than the router leaf's at their position."""
+    router = {(r.layer, r.position): r.input_hash for r in commitment.router}
+    return sum(1 for leaves in commitment.experts.values() for x in leaves
+               if router.get((x.layer, x.position)) != x.input_hash)
 
 
 def _count_payload_mismatches(commitment: MoeCommitment, trace: MoeTrace) -> tuple[int, int]:
@@ -284,13 +302,6 @@ def _count_payload_mismatches(commitment: MoeCommitment, trace: MoeTrace) -> tup
             elif compute_expert_fingerprint(y) != (leaf.fp_index, leaf.fp_value):
                 fp_bad += 1
     return hash_bad, fp_bad
-
-
-def get_expert_inputs(trace: MoeTrace, leaves: Sequence[ExpertLeaf]) -> np.ndarray:
-    """Return the payload's committed input rows of the given leaves (what an expert duty fetches)."""
-    if not leaves:
-        return np.zeros((0, trace.inputs.shape[2]), dtype=np.float32)
-    return trace.inputs[leaves[0].layer, [x.position for x in leaves]]
 
 
 def get_router_inputs(trace: MoeTrace, leaves: Sequence[RouterLeaf]) -> np.ndarray:
