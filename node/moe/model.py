@@ -122,6 +122,13 @@ def build_tiny_moe(tokenizer_dir: Path, out_dir: Path, seed: int = 1234) -> byte
     return compute_state_dict_sha256(model)
 
 
+def build_moe_for_spec(source: str, dense_dir: Path, out_dir: Path, seed: int) -> bytes:
+    """Build a registry entry's MoE folder (source "upcycled-moe" or "tiny-random-moe"); return its sha256."""
+    if source == "tiny-random-moe":
+        return build_tiny_moe(dense_dir, out_dir, seed)
+    return build_upcycled_moe(dense_dir, out_dir, UpcycleSpec(seed=seed))
+
+
 def _copy_tokenizer(src: Path, dst: Path) -> None:
     for name in _TOKENIZER_FILES:
         if (src / name).exists():
