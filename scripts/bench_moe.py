@@ -26,7 +26,19 @@ PROMPT = "What is the capital of France? Tell me a little about it."
 MODES = ("baseline", "expert", "router", "link", "full")
 
 
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _rss_mib() -> float:
+    # VmHWM (peak RSS of this process image): getrusage's ru_maxrss survives exec, so a child started by a
+    # parent that held the full model would report the parent's peak.
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -61,6 +73,7 @@ def run_mode(mode: str, model: str, expert: str, repeat: int) -> dict[str, Any]:
     trace_file = Path(f"/tmp/bench_moe_trace_{model}.pt")
     trace, commitment = torch.load(trace_file, weights_only=False)  # the executer's payload, recorded once
     base = _rss_mib()
+    now = _status_mib("VmRSS")
     key = ExpertKey.parse(expert)
     out: dict[str, Any] = {"mode": mode, "tokens": len(ids), "rss_before_load_mib": round(base, 1)}
     if mode == "expert":
@@ -96,8 +109,10 @@ def run_mode(mode: str, model: str, expert: str, repeat: int) -> dict[str, Any]:
         with torch.inference_mode():
             out["check_s"] = _best(lambda: full(torch.tensor([ids]), use_cache=False), repeat)
         out["weight_bytes"] = sum(int(p.nbytes) for p in full.parameters())
-        out["record_s"] = _best(lambda: build_commitment(record_trace(full, ids)), 1)
     out["peak_rss_mib"] = round(_rss_mib(), 1)
+    out["rss_growth_mib"] = round(_status_mib("VmRSS") - now, 1)  # resident now vs before loading: what stays
+    if mode == "full":  # the executer's extra cost: trace + commitment of the same sequence (after the memory)
+        out["record_s"] = _best(lambda: build_commitment(record_trace(full, ids)), 1)
     return out
 
 
@@ -157,11 +172,11 @@ def _print(rows: list[dict[str, Any]], sizes: dict[str, Any], args: argparse.Nam
     from rich.table import Table
 
     table = Table(title=f"{args.model}: one check of {rows[0]['tokens']} tokens, one thread (best of {args.repeat})")
-    for column in ("duty", "weights loaded", "load", "check", "peak RSS", "RSS before load"):
+    for column in ("duty", "weights loaded", "load", "check", "RSS growth", "peak RSS", "RSS before load"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(r["mode"], f"{r['weight_bytes'] / 2**20:.2f} MiB", f"{r['load_s']:.3f} s",
-                      f"{r['check_s'] * 1000:.1f} ms", f"{r['peak_rss_mib']:.0f} MiB",
+                      f"{r['check_s'] * 1000:.1f} ms", f"{r['rss_growth_mib']:.1f} MiB", f"{r['peak_rss_mib']:.0f} MiB",
                       f"{r['rss_before_load_mib']:.0f} MiB")
     console = Console()
     console.print(table)
