@@ -213,3 +213,11 @@ def test_assignment_golden_vector_for_the_contract_mirror():
 
 def test_moe_root_golden_vector():
     assert make_commitment().root().hex() == "b12bb73e7a646ffdb8cd4a9d09acdcd960982524553f182c93b0ddb34aa02ed5"
+
+
+def test_the_committed_root_of_an_moe_model_binds_artifact_and_moe_roots():
+    from node.protocol.moe import compute_moe_artifact_root
+
+    a, m = b"\x01" * 32, b"\x02" * 32
+    assert compute_moe_artifact_root(a, m) == keccak256(a + m)
+    assert compute_moe_artifact_root(a, m) != compute_moe_artifact_root(m, a)
