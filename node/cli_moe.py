@@ -118,3 +118,63 @@ def calibrate(model: str = MODEL, sequences: int = typer.Option(12, min=2), max_
               "seconds": round(time.monotonic() - started, 1)}
     (out / "limits.json").write_text(json.dumps(report, indent=1) + "\n")
     console.print_json(json.dumps(report))
+
+
+@moe_app.command("attack")
+def attack(attack_name: str = typer.Argument(..., help="int8-expert, swapped-expert, cheap-router, forged-inputs, "
+                                             "forged-consistent, or honest."),
+           model: str = MODEL, expert: str = typer.Option("layer3.e1", help="Attacked expert."),
+           prompt: str = typer.Option("What is the capital of France? Tell me a little about it."),
+           response: str = typer.Option("The capital of France is Paris. It lies on the Seine in the north of "
+                                        "the country.", help="Teacher-forced answer."),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Trace one teacher-forced sequence under an attack and print every duty's measurements and decision."""
+    from node.moe.attacks import is_attack
+    from node.moe.calibration import CaseResult, Duties, TokenSequence, decide_case, measure_trace, trace_case
+    from node.moe.validate import MoeLimits, load_shared
+    from node.protocol.moe import ExpertKey
+
+    try:
+        if attack_name != "honest" and not is_attack(attack_name):
+            raise typer.BadParameter(f"unknown attack {attack_name!r}")
+        key = ExpertKey.parse(expert)
+        folder, engine, tokenizer = _load(model)
+        ids = tuple(tokenizer.encode_chat([{"role": "user", "content": prompt}]))
+        seq = TokenSequence(ids, (*tokenizer.encode_response(response), 2))
+        trace = trace_case(engine.model, seq, attack_name, key, (key.expert + 1) % trace_experts(engine.model))
+        experts, routers, link = measure_trace(Duties(folder, load_shared(folder)), seq, trace, [key], row_block=1)
+    except VerinferError as e:
+        console.print(f"[red]rejected input:[/red] {e}")
+        raise typer.Exit(2) from None
+    limits = _limits()
+    result = CaseResult(0, "-", attack_name, str(key), experts[0], max(r.choice_mismatches for r in routers),
+                        max(r.max_weight_error for r in routers), sum(r.input_hash_mismatches for r in routers), link)
+    decisions = {k: v.name for k, v in decide_case(result, MoeLimits(**limits)).items()}
+    data = {"attack": attack_name, "expert": dataclasses.asdict(experts[0]),
+            "router_layer": dataclasses.asdict(routers[key.layer]), "link": dataclasses.asdict(link),
+            "limits": limits, "decisions": decisions}
+    if as_json:
+        console.print_json(json.dumps(data))
+    else:
+        table = Table(show_header=False)
+        for name, value in data.items():
+            table.add_row(name, json.dumps(value))
+        console.print(table)
+    raise typer.Exit(1 if any(v != "OK" for v in decisions.values()) else 0)
+
+
+def trace_experts(model: Any) -> int:
+    """Return the number of experts per layer of a loaded Mixtral."""
+    return int(model.config.num_local_experts)
+
+
+def _limits() -> dict[str, Any]:
+    path = REPO_ROOT_LIMITS
+    if path.exists():
+        limits: dict[str, Any] = json.loads(path.read_text())["limits"]
+        return limits
+    return {"expert_rel_error": 1e-4, "expert_index_mismatches": 0, "router_weight_error": 1e-4,
+            "link_rel_error": 1e-4}
+
+
+REPO_ROOT_LIMITS = Path(__file__).resolve().parents[1] / "docs" / "moe" / "limits.json"

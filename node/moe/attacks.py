@@ -23,6 +23,7 @@ from node.moe.trace import ExpertRows, MoeTrace, compute_expert_output, record_t
 from node.protocol.moe import ExpertKey
 
 ATTACKS = ("int8-expert", "swapped-expert", "cheap-router", "forged-inputs")
+VARIANTS = ("forged-consistent",)  # measured separately (docs/moe.md), not in the campaign
 
 
 def compute_int8_rows(w: torch.Tensor) -> torch.Tensor:
@@ -114,9 +115,37 @@ def forge_inputs(model: Any, token_ids: Sequence[int], key: ExpertKey, source: i
     return dataclasses.replace(trace, outputs=outputs, expert_inputs={key: forged.numpy().copy()})
 
 
+def forge_inputs_consistently(model: Any, token_ids: Sequence[int], key: ExpertKey, source: int) -> MoeTrace:
+    """Return a forged-inputs trace whose router leaves and co-routed experts also commit the forged rows.
+
+    Every leaf at the forged positions then names x' (no hash conflict); the other expert routed there
+    commits its honest output on x'. What the forger cannot change is the link duty's own walk.
+    """
+    trace = forge_inputs(model, token_ids, key, source)
+    forged = trace.expert_inputs.get(key)
+    rows = trace.outputs.get(key)
+    if forged is None or rows is None:
+        return trace
+    inputs = trace.inputs.copy()
+    inputs[key.layer, rows.positions] = forged
+    experts = model.model.layers[key.layer].mlp.experts
+    outputs = dict(trace.outputs)
+    for other in range(trace.num_experts):
+        okey = ExpertKey(key.layer, other)
+        orows = outputs.get(okey)
+        if other == key.expert or orows is None:
+            continue
+        x = torch.from_numpy(inputs[key.layer, orows.positions])
+        with torch.no_grad():
+            y = compute_expert_output(experts.gate_up_proj.data[other], experts.down_proj.data[other], x,
+                                      experts.act_fn).numpy().copy()
+        outputs[okey] = ExpertRows(orows.positions, y)
+    return dataclasses.replace(trace, inputs=inputs, outputs=outputs, expert_inputs={})
+
+
 def is_attack(name: str) -> bool:
     """Check whether name is a known attack."""
-    return name in ATTACKS
+    return name in ATTACKS or name in VARIANTS
 
 
 def describe_forgery(trace: MoeTrace, key: ExpertKey) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from node.moe.attacks import cheap_router, forge_inputs, int8_expert, swapped_expert
+from node.moe.attacks import cheap_router, forge_inputs, forge_inputs_consistently, int8_expert, swapped_expert
 from node.moe.trace import MoeTrace, build_commitment, record_trace
 from node.moe.validate import (
     ExpertCheck,
@@ -118,6 +118,8 @@ def trace_case(model: Any, seq: TokenSequence, attack: str, key: ExpertKey, sour
     """Return the trace an executer running `attack` would send for seq."""
     if attack == "forged-inputs":
         return forge_inputs(model, seq.fed, key, source)
+    if attack == "forged-consistent":
+        return forge_inputs_consistently(model, seq.fed, key, source)
     with _attack_context(model, attack, key, source):
         return record_trace(model, seq.fed)
 

@@ -143,3 +143,18 @@ def test_upcycling_without_noise_reproduces_the_dense_model(tmp_path):
     mlp = ref.model.layers[0].mlp
     ratio = e[0] / torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
     assert 0.015 < float(ratio.std()) < 0.025  # the declared σ = 0.02
+
+
+def test_a_consistent_forgery_has_no_hash_conflict_but_fails_the_link_walk(tiny_moe):
+    from node.moe.attacks import forge_inputs_consistently
+    from node.moe.validate import count_input_hash_conflicts
+
+    folder, model = tiny_moe
+    key = ExpertKey(0, 1)  # layer 0: the walk has a next layer to compare
+    trace = forge_inputs_consistently(model, TOKENS, key, 2)
+    c = build_commitment(trace)
+    assert count_input_hash_conflicts(c) == 0
+    check = verify_expert(load_expert(folder, key), c.leaves_of(key), trace.get_expert_inputs(key))
+    assert decide_expert(check, MoeLimits(1e-4, 0, 1e-4, 1e-4)) == MoeReason.OK  # its holder is fooled
+    link = verify_link(load_shared(folder), TOKENS, c, trace)
+    assert link.worst_layer == 0 and decide_link(link, MoeLimits(1e-4, 0, 1e-4, 1e-4)) == MoeReason.LINK_MISMATCH
