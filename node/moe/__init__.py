@@ -1,0 +1,1 @@
+"""Mixture-of-experts: upcycled model, per-expert commitments, expert-level validation, attacks."""

@@ -1,0 +1,124 @@
+"""An MoE validator's duties from its config (`experts = ["layer3.e1"]`), and the validator that holds only them.
+
+The setting is parsed at the boundary (pydantic): canonical names only, no repeats. The validator loads only
+the tensors its duties need (one expert's matrices, one router, or the shared layers for `shared`) and
+answers each assigned duty of one inference with a reason code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from node.moe.trace import MoeTrace
+from node.moe.validate import (
+    ExpertWeights,
+    MoeLimits,
+    decide_expert,
+    decide_link,
+    decide_router,
+    load_expert,
+    load_router,
+    load_shared,
+    verify_expert,
+    verify_link,
+    verify_router,
+)
+from node.protocol.moe import (
+    ROUTER,
+    SHARED,
+    ExpertKey,
+    Holder,
+    InvalidMoe,
+    MoeCommitment,
+    MoeReason,
+    verify_expert_leaves,
+)
+
+log = logging.getLogger(__name__)
+
+
+class MoeDutiesConfig(BaseModel):
+    """The MoE duties a validator holds: `layer<L>.e<E>`, `layer<L>.router`, `shared`; empty: the whole model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experts: tuple[str, ...] = Field(default=(), max_length=4096)
+
+    @field_validator("experts")
+    @classmethod
+    def _canonical_and_distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        keys = []
+        for name in value:
+            try:
+                keys.append(ExpertKey.parse(name))
+            except InvalidMoe as e:
+                raise ValueError(str(e)) from None
+        if len(set(keys)) != len(keys):
+            raise ValueError("experts repeat a duty")
+        return value
+
+    def keys(self) -> frozenset[ExpertKey] | None:
+        """Return the held duties (None: the whole model)."""
+        return frozenset(ExpertKey.parse(n) for n in self.experts) if self.experts else None
+
+    def holder(self, address: bytes, stake: int) -> Holder:
+        """Return this validator as an entry of the assignment's stake snapshot."""
+        return Holder(address, stake, self.keys())
+
+
+class DutyValidator:
+    """Holds only the weights of its configured duties and judges them on one inference."""
+
+    def __init__(self, model_dir: Path, config: MoeDutiesConfig, limits: MoeLimits) -> None:
+        keys = config.keys()
+        if keys is None:
+            raise InvalidMoe("a duty validator needs at least one duty; a whole-model validator runs stage 2",
+                             MoeReason.EXPERT_UNKNOWN)
+        self.limits = limits
+        self.experts: dict[ExpertKey, ExpertWeights] = {}
+        self.routers: dict[int, torch.Tensor] = {}
+        self.shared: Any = None
+        for key in sorted(keys):
+            if key.expert == SHARED:
+                self.shared = load_shared(model_dir)
+            elif key.expert == ROUTER:
+                self.routers[key.layer] = load_router(model_dir, key.layer)
+            else:
+                self.experts[key] = load_expert(model_dir, key)
+
+    def weight_bytes(self) -> int:
+        """Return the bytes of every tensor this validator holds."""
+        total = sum(w.nbytes() for w in self.experts.values()) + sum(int(r.nbytes) for r in self.routers.values())
+        if self.shared is not None:
+            total += sum(int(p.nbytes) for n, p in self.shared.named_parameters() if ".experts." not in n)
+        return total
+
+    def check(self, commitment: MoeCommitment, trace: MoeTrace, token_ids: Sequence[int],
+              assigned: Sequence[ExpertKey]) -> dict[str, MoeReason]:
+        """Return a decision per assigned duty (a duty it does not hold is a typed error, never a guess)."""
+        root = commitment.root()
+        out: dict[str, MoeReason] = {}
+        for key in assigned:
+            if key in self.experts:
+                leaves = commitment.leaves_of(key)
+                if not verify_expert_leaves(leaves, commitment.expert_proof(key), root):
+                    out[str(key)] = MoeReason.EXPERT_ROOT_MISMATCH
+                    continue
+                check = verify_expert(self.experts[key], leaves, trace.get_expert_inputs(key))
+                out[str(key)] = decide_expert(check, self.limits)
+            elif key.expert == ROUTER and key.layer in self.routers:
+                rl = [r for r in commitment.router if r.layer == key.layer]
+                check_r = verify_router(self.routers[key.layer], rl, trace.inputs[key.layer, [r.position for r in rl]])
+                out[str(key)] = decide_router(check_r, self.limits)
+            elif key.expert == SHARED and self.shared is not None:
+                out[str(key)] = decide_link(verify_link(self.shared, token_ids, commitment, trace), self.limits)
+            else:
+                raise InvalidMoe(f"assigned {key}, which this validator does not hold", MoeReason.EXPERT_UNKNOWN)
+            log.info("duty %s: %s", key, out[str(key)].name)
+        return out

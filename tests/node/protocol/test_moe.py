@@ -1,0 +1,223 @@
+"""Per-expert leaves, trees, fingerprints and the expert assignment draw (node/protocol/moe.py)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node.protocol.errors import InvalidInput
+from node.protocol.hashing import keccak256
+from node.protocol.merkle import compute_merkle_root
+from node.protocol.moe import (
+    FP_K,
+    ROUTER,
+    SHARED,
+    ExpertKey,
+    Holder,
+    InvalidMoe,
+    MoeCommitment,
+    MoeReason,
+    RouterLeaf,
+    compute_expert_assignment,
+    compute_expert_fingerprint,
+    compute_routing,
+    compute_used_experts,
+    decode_expert_leaf,
+    encode_expert_leaf,
+    expert_leaf_size,
+    find_routing_gaps,
+    make_expert_leaf,
+    measure_expert_fingerprint,
+    verify_expert_leaves,
+)
+
+HIDDEN = 32
+GOLDEN_ASSIGNMENT = {"layer0.e0": [4, 8], "shared": [8, 4], "layer0.router": [0, 6], "layer1.e3": [8, 11]}
+
+
+def make_commitment(seed: int = 0, layers: int = 2, experts: int = 4, positions: int = 6) -> MoeCommitment:
+    rng = np.random.default_rng(seed)
+    router, by_key = [], {}
+    for layer in range(layers):
+        for t in range(positions):
+            x = rng.standard_normal(HIDDEN).astype(np.float32)
+            chosen = sorted(rng.choice(experts, 2, replace=False).tolist())
+            w = rng.dirichlet([1, 1]).astype(np.float32)
+            leaf_r = RouterLeaf(layer, t, tuple(chosen), tuple(float(v) for v in w),
+                                make_expert_leaf(layer, 0, t, 0.0, x, x).input_hash)
+            router.append(leaf_r)
+            for e, wi in zip(chosen, w, strict=True):
+                y = rng.standard_normal(HIDDEN).astype(np.float32)
+                by_key.setdefault(ExpertKey(layer, e), []).append(make_expert_leaf(layer, e, t, float(wi), x, y))
+    return MoeCommitment(layers, experts, tuple(router), {k: tuple(v) for k, v in by_key.items()})
+
+
+def test_expert_key_round_trips_and_rejects_non_canonical_names():
+    assert str(ExpertKey.parse("layer3.e1")) == "layer3.e1"
+    assert ExpertKey.parse("layer3.router") == ExpertKey(3, ROUTER)
+    assert ExpertKey.parse("shared") == ExpertKey(0, SHARED)
+    for bad in ("layer03.e1", "layer3.e", "l3.e1", "layer3.x1", "layer-1.e0", "layer3.e+1", "layer99999.e0"):
+        with pytest.raises(InvalidInput) as info:
+            ExpertKey.parse(bad)
+        assert info.value.moe_reason == MoeReason.EXPERT_UNKNOWN
+        assert bad in str(info.value) or "out of range" in str(info.value)
+
+
+def test_fingerprint_takes_largest_magnitudes_with_ties_to_the_lower_index():
+    row = np.zeros(40, dtype=np.float32)
+    row[[5, 9, 30]] = [-3.0, 3.0, 2.0]
+    index, value = compute_expert_fingerprint(row)
+    assert index[:3] == (5, 9, 30) and value[:3] == (-3.0, 3.0, 2.0)
+    assert list(index[3:]) == [i for i in range(40) if i not in (5, 9, 30)][:FP_K - 3]
+
+
+def test_fingerprint_refuses_non_finite_and_short_rows():
+    with pytest.raises(InvalidMoe):
+        compute_expert_fingerprint(np.full(40, np.nan, dtype=np.float32))
+    with pytest.raises(InvalidMoe):
+        compute_expert_fingerprint(np.ones(FP_K - 1, dtype=np.float32))
+
+
+@given(st.integers(0, 2**16 - 1), st.integers(0, 2**32 - 1), st.floats(-1e6, 1e6, width=32))
+def test_expert_leaf_encoding_round_trips(expert, position, weight):
+    x = np.arange(HIDDEN, dtype=np.float32)
+    leaf = make_expert_leaf(1, expert % 4096, position, weight, x, x[::-1].copy())
+    raw = encode_expert_leaf(leaf)
+    assert len(raw) == expert_leaf_size() == 2 + 2 + 4 + 4 + 32 + 32 + FP_K * 6
+    assert decode_expert_leaf(raw) == leaf
+
+
+def test_decoding_rejects_wrong_length_and_non_finite_values():
+    x = np.arange(HIDDEN, dtype=np.float32)
+    raw = encode_expert_leaf(make_expert_leaf(0, 0, 0, 0.5, x, x))
+    with pytest.raises(InvalidMoe):
+        decode_expert_leaf(raw + b"\x00")
+    nan = raw[:-4] + np.array([np.nan], dtype=">f4").tobytes()
+    with pytest.raises(InvalidMoe) as info:
+        decode_expert_leaf(nan)
+    assert info.value.moe_reason == MoeReason.MOE_MALFORMED
+
+
+def test_one_experts_leaves_prove_alone_and_any_change_breaks_the_proof():
+    c = make_commitment()
+    root = c.root()
+    for key in c.expert_keys():
+        leaves = c.leaves_of(key)
+        proof = c.expert_proof(key)
+        assert verify_expert_leaves(leaves, proof, root)
+        if not leaves:
+            continue
+        changed = dataclasses.replace(leaves[0], fp_value=(leaves[0].fp_value[0] + 1e-3, *leaves[0].fp_value[1:]))
+        assert not verify_expert_leaves((changed, *leaves[1:]), proof, root)
+        assert not verify_expert_leaves(leaves[1:], proof, root)  # a dropped leaf changes the count and root
+        assert not verify_expert_leaves(leaves[::-1], proof, root) or len(leaves) == 1
+    other = c.expert_proof(ExpertKey(0, 1))
+    assert not verify_expert_leaves(c.leaves_of(ExpertKey(0, 0)), other, root)
+
+
+def test_moe_root_covers_router_and_experts():
+    c = make_commitment()
+    assert c.root() == keccak256(c.router_root() + compute_merkle_root(c.summary_leaf_hashes()))
+    r0 = c.router[0]
+    moved = dataclasses.replace(r0, weights=(r0.weights[1], r0.weights[0]))
+    assert MoeCommitment(c.num_layers, c.num_experts, (moved, *c.router[1:]), c.experts).root() != c.root()
+
+
+def test_routing_gaps_find_missing_and_unrouted_leaves():
+    c = make_commitment()
+    assert find_routing_gaps(c) == []
+    key = next(iter(c.experts))
+    dropped = {k: (v[1:] if k == key else v) for k, v in c.experts.items()}
+    gaps = find_routing_gaps(MoeCommitment(c.num_layers, c.num_experts, c.router, dropped))
+    assert gaps == [(key, c.experts[key][0].position)]
+
+
+def test_measurement_is_zero_for_the_committed_row_and_grows_with_a_perturbation():
+    rng = np.random.default_rng(1)
+    y = rng.standard_normal(HIDDEN).astype(np.float32)
+    leaf = make_expert_leaf(0, 0, 0, 1.0, y, y)
+    same = measure_expert_fingerprint(leaf, y)
+    assert (same.max_abs_error, same.rel_error, same.index_mismatches) == (0.0, 0.0, 0)
+    noisy = measure_expert_fingerprint(leaf, y + 0.01 * rng.standard_normal(HIDDEN).astype(np.float32))
+    assert 0 < noisy.rel_error < 0.05
+    permuted = measure_expert_fingerprint(leaf, rng.permutation(y))
+    assert permuted.index_mismatches > 0 and permuted.rel_error > 0.1
+
+
+def test_routing_is_softmax_top_k_renormalised_with_ties_to_the_lower_expert():
+    experts, weights = compute_routing(np.array([[1.0, 3.0, 3.0, 0.0]]), 2)
+    assert experts.tolist() == [[1, 2]]
+    assert weights.tolist() == [[0.5, 0.5]]
+
+
+def test_used_experts_cover_every_routed_expert_every_router_and_the_link():
+    c = make_commitment()
+    used = compute_used_experts(c)
+    assert {k for k in used if k.expert < ROUTER - 1} == {k for k, v in c.experts.items() if v}
+    assert {k for k in used if k.expert == ROUTER} == {ExpertKey(L, ROUTER) for L in range(c.num_layers)}
+    assert ExpertKey(0, SHARED) in used
+
+
+def holders(n: int = 12, experts: int = 4, layers: int = 2) -> list[Holder]:
+    out = []
+    for i in range(n):
+        holds = None if i % 4 == 0 else frozenset({ExpertKey(i % layers, i % experts), ExpertKey(i % layers, ROUTER)})
+        out.append(Holder(bytes([i]) * 20, 10 + i, holds))
+    return out
+
+
+def test_assignment_covers_every_duty_with_distinct_eligible_holders_and_is_deterministic():
+    hs = holders()
+    duties = [ExpertKey(0, 0), ExpertKey(1, 1), ExpertKey(0, ROUTER), ExpertKey(0, SHARED)]
+    a = compute_expert_assignment(b"\x07" * 32, duties, hs, 2)
+    assert a == compute_expert_assignment(b"\x07" * 32, list(reversed(duties)), list(reversed(hs)), 2)
+    by_address = {h.address: h for h in hs}
+    for key, chosen in a.items():
+        assert len(set(chosen)) == 2
+        assert all(by_address[x].is_holding(key) for x in chosen)
+    assert a != compute_expert_assignment(b"\x08" * 32, duties, hs, 2)
+
+
+def test_assignment_is_stake_weighted():
+    hs = [Holder(b"\x01" * 20, 900, None), Holder(b"\x02" * 20, 100, None)]
+    counts = {b"\x01" * 20: 0, b"\x02" * 20: 0}
+    for seed in range(400):
+        chosen = compute_expert_assignment(seed.to_bytes(32, "big"), [ExpertKey(0, 0)], hs, 1)[ExpertKey(0, 0)]
+        counts[chosen[0]] += 1
+    assert 320 < counts[b"\x01" * 20] < 400  # expectation 360 (90 %)
+
+
+def test_assignment_refuses_an_uncoverable_duty_and_bad_inputs():
+    hs = holders()
+    with pytest.raises(InvalidMoe) as info:
+        compute_expert_assignment(b"\x00" * 32, [ExpertKey(1, 3)], [h for h in hs if h.holds is not None], 5)
+    assert info.value.moe_reason == MoeReason.ASSIGNMENT_UNCOVERED and "layer1.e3" in str(info.value)
+    with pytest.raises(InvalidMoe):
+        compute_expert_assignment(b"\x00" * 31, [ExpertKey(0, 0)], hs, 1)
+    with pytest.raises(InvalidMoe):
+        compute_expert_assignment(b"\x00" * 32, [ExpertKey(0, 0)], [*hs, hs[0]], 1)
+    zero_stake = [dataclasses.replace(h, stake=0) for h in hs]
+    with pytest.raises(InvalidMoe):
+        compute_expert_assignment(b"\x00" * 32, [ExpertKey(0, 0)], zero_stake, 1)
+
+
+def test_assignment_golden_vector_for_the_contract_mirror():
+    # keccak256(randomness ‖ uint16 layer ‖ uint16 expert ‖ uint32 draw) mod remaining stake, ascending address
+    hs = holders()
+    duties = [ExpertKey(0, 0), ExpertKey(1, 3), ExpertKey(0, ROUTER), ExpertKey(0, SHARED)]
+    got = compute_expert_assignment(bytes(range(32)), duties, hs, 2)
+    assert {str(k): [x[0] for x in v] for k, v in got.items()} == GOLDEN_ASSIGNMENT
+
+
+def test_moe_root_golden_vector():
+    assert make_commitment().root().hex() == "b12bb73e7a646ffdb8cd4a9d09acdcd960982524553f182c93b0ddb34aa02ed5"
+
+
+def test_the_committed_root_of_an_moe_model_binds_artifact_and_moe_roots():
+    from node.protocol.moe import compute_moe_artifact_root
+
+    a, m = b"\x01" * 32, b"\x02" * 32
+    assert compute_moe_artifact_root(a, m) == keccak256(a + m)
+    assert compute_moe_artifact_root(a, m) != compute_moe_artifact_root(m, a)
