@@ -18,6 +18,7 @@ app.add_typer(protocol_app, name="protocol")
 executer_app = typer.Typer(help="Executer mode: serve a model with verifiable artifacts.", no_args_is_help=True)
 app.add_typer(executer_app, name="executer")
 from node.cli_chain import chain_app, models_app, stake_app  # noqa: E402 - sub-apps after the root app
+from node.cli_moe import moe_app  # noqa: E402
 from node.cli_node import keys_app, validator_app  # noqa: E402
 from node.cli_spotcheck import spotcheck_app  # noqa: E402
 from node.cli_training import training_app  # noqa: E402
@@ -31,6 +32,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(workload_app, name="workload")
 app.add_typer(training_app, name="training")
 app.add_typer(spotcheck_app, name="spotcheck")
+app.add_typer(moe_app, name="moe")
 console = Console()
 if not console.is_terminal:  # logs and CI: do not wrap hashes and table rows at 80 columns
     console = Console(width=120)

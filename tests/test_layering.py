@@ -79,4 +79,5 @@ PRODUCTION = ("node/protocol", "node/checks", "node/engines", "node/executer", "
 @pytest.mark.parametrize("path", [p for package in PRODUCTION for p in files(package)], ids=str)
 def test_production_code_never_imports_the_demo_or_the_cheaters(path):
     # the cheating engines (node.calibrate) and the devnet exist to attack and exercise the node, never to run in it
-    assert not any(n.startswith(("node.devnet", "node.calibrate")) for n in imports_of(path)), path
+    assert not any(n.startswith(("node.devnet", "node.calibrate", "node.moe.attacks", "node.moe.calibration"))
+                   for n in imports_of(path)), path

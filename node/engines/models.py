@@ -45,7 +45,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    source: Literal["pypi-gguf", "pypi-gguf-assembled", "tiny-random"]
+    source: Literal["pypi-gguf", "pypi-gguf-assembled", "tiny-random", "upcycled-moe", "tiny-random-moe"]
     package: str | None = None
     gguf_file: str | None = None
     seed: int = 0
@@ -184,6 +184,11 @@ def _convert(spec: ModelSpec, cache: Path, folder: Path) -> dict[str, Any]:
     if spec.source == "tiny-random":
         tokenizer_dir = materialise_model(get_model_spec(spec.tokenizer_from or ""), cache).path
         weights_sha256 = hf_convert.build_tiny_llama(spec, tokenizer_dir, partial)
+    elif spec.source in ("upcycled-moe", "tiny-random-moe"):
+        from node.moe.model import build_moe_for_spec  # MoE built from its dense parent (issue 20)
+
+        dense_dir = materialise_model(get_model_spec(spec.tokenizer_from or ""), cache).path
+        weights_sha256 = build_moe_for_spec(spec.source, dense_dir, partial, spec.seed)
     else:
         gguf = locate_gguf(spec, cache)
         weights_sha256 = sha256_file(gguf)

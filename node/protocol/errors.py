@@ -114,6 +114,18 @@ class Reason(IntEnum):
     SPOT_MISSING = 806
     SPOT_TOO_FEW_CHALLENGES = 807
 
+    # 9xx: mixture-of-experts duties (node.protocol.moe.MoeReason has the same codes)
+    MOE_MALFORMED = 900
+    EXPERT_UNKNOWN = 901
+    EXPERT_INPUT_HASH_MISMATCH = 902
+    EXPERT_FINGERPRINT_MISMATCH = 903
+    EXPERT_ROOT_MISMATCH = 904
+    ROUTER_MISMATCH = 905
+    ROUTING_INCOMPLETE = 906
+    EXPERT_OUTPUT_HASH_MISMATCH = 907
+    LINK_MISMATCH = 908
+    ASSIGNMENT_UNCOVERED = 909
+
 
 class VerinferError(Exception):
     """Root of every error verinfer raises on purpose."""
