@@ -89,6 +89,7 @@ class RunRecord:
     finished_block: int
     init_strategy: int
     slashed: bool
+    registered_block: int
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,16 @@ class AnchorRecord:
     last_step: int
     block_number: int
     head: bytes
+    beacon: bytes  # the randomness the window's named positions derive from
+
+
+@dataclass(frozen=True)
+class AuditVote:
+    """One validator's signed vote on an audited step (Training.Vote)."""
+
+    valid: bool
+    reason: int
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,7 @@ class TrainingDeployConfig:
     hub: str
     treasury: str
     min_bond: int = 10**18
-    min_verdict_weight: int = 10**18
+    min_signers: int = 2
     verdict_window: int = 100
 
 
@@ -128,7 +139,7 @@ class TrainingContract:
         try:
             receipt = send(w3, account, factory.constructor(Web3.to_checksum_address(cfg.hub),
                                                             Web3.to_checksum_address(cfg.treasury), cfg.min_bond,
-                                                            cfg.min_verdict_weight, cfg.verdict_window))
+                                                            cfg.min_signers, cfg.verdict_window))
         except ChainError as exc:
             raise _translate(exc) from exc
         return cls(w3, str(receipt["contractAddress"])), receipt
@@ -166,12 +177,21 @@ class TrainingContract:
         """Return a run's record."""
         r = self.call("runs", run_id)
         return RunRecord(str(r[0]), int(r[1]), bytes(r[2]), bytes(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[7]),
-                         int(r[8]), int(r[9]), bool(r[10]))
+                         int(r[8]), int(r[9]), bool(r[10]), int(r[11]))
 
     def get_anchor(self, run_id: bytes, index: int) -> AnchorRecord:
         """Return an anchored window."""
         a = self.call("anchors", run_id, index)
-        return AnchorRecord(int(a[0]), int(a[1]), int(a[2]), bytes(a[3]))
+        return AnchorRecord(int(a[0]), int(a[1]), int(a[2]), bytes(a[3]), bytes(a[4]))
+
+    def beacon(self, run_id: bytes, index: int) -> bytes:
+        """Return window `index`'s beacon (stored once anchored; DrawNotReady until the block after the previous
+        anchor, or after the registration for window 0, is mined)."""
+        return bytes(self.call("beacon", run_id, index))
+
+    def fix_beacon(self, account: LocalAccount, run_id: bytes) -> TxReceipt:
+        """Store the next window's beacon before its block hash leaves the 256-block horizon."""
+        return self.transact(account, "fixBeacon", run_id)
 
     def audit_seed(self, run_id: bytes, index: int) -> bytes:
         """Return the randomness of an anchor's audits (reverts DrawNotReady until the block after it)."""
@@ -189,10 +209,15 @@ class TrainingContract:
         """Return the contract's EIP-712 digest of an audit verdict."""
         return bytes(self.call("verdictDigest", run_id, step, head, valid, reason))
 
-    def submit_verdict(self, account: LocalAccount, run_id: bytes, index: int, step: int, valid: bool, reason: int,
-                       signatures: Sequence[bytes]) -> TxReceipt:
-        """Submit validators' signatures (sorted by signer address) on one audited step."""
-        return self.transact(account, "submitVerdict", run_id, index, step, valid, reason, list(signatures))
+    def submit_votes(self, account: LocalAccount, run_id: bytes, index: int, step: int,
+                     votes: Sequence[AuditVote]) -> TxReceipt:
+        """Relay validators' signed votes on one audited step (a vote counted already is skipped, not reverted)."""
+        return self.transact(account, "submitVotes", run_id, index, step,
+                             [(v.valid, v.reason, v.signature) for v in votes])
+
+    def has_voted(self, run_id: bytes, step: int, validator: str) -> bool:
+        """Return whether a validator's vote on a step's audit is counted."""
+        return bool(self.call("hasVoted", run_id, step, Web3.to_checksum_address(validator)))
 
     def credits(self, address: str) -> int:
         """Return withdrawable credits (the treasury's forfeited bonds)."""
@@ -234,5 +259,5 @@ def compute_verdict_digest(chain_id: int, contract: str, run_id: bytes, step: in
     return keccak(b"\x19" + m.version + m.header + m.body)
 
 
-__all__ = ["AnchorRecord", "RunRecord", "TrainingContract", "TrainingDeployConfig", "compute_verdict_digest",
-           "decode_revert", "load_training_artifact", "sign_audit_verdict"]
+__all__ = ["AnchorRecord", "AuditVote", "RunRecord", "TrainingContract", "TrainingDeployConfig",
+           "compute_verdict_digest", "decode_revert", "load_training_artifact", "sign_audit_verdict"]

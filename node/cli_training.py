@@ -23,9 +23,12 @@ training_app = typer.Typer(help="Training verification: audit runs, calibrate, r
 def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, timeout_s, runs[dir, prover, beacon]."),
           key_env: str = typer.Option("VERINFER_PRIVATE_KEY", help="Env variable holding the validator's hex key."),
           tolerance: Path = typer.Option(None, help="Tolerance JSON (default: the calibrated one)."),
+          trajectory: Path = typer.Option(None, help="Trajectory policy JSON (default: the calibrated one)."),
           verbose: bool = typer.Option(True)) -> None:
-    """Follow the configured runs on chain, audit every drawn step, sign and submit verdicts."""
+    """Follow the configured runs on chain, audit the drawn steps (a newer draw within k steps interrupts an older
+    audit), sign and submit this validator's votes."""
     from node.training.auditor import TOLERANCE_FILE, load_tolerance
+    from node.training.calibration import TRAJECTORY_FILE, load_trajectory_policy
     from node.training.service import WatchedRun, run_auditor
     from node.training.spec import RunSpec
 
@@ -35,14 +38,13 @@ def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, t
     if not key:
         raise typer.BadParameter(f"set {key_env} to the validator's hex private key")
     cfg = json.loads(config.read_text())
-    runs, beacons = [], {}
-    for r in cfg["runs"]:
-        spec = RunSpec.model_validate(r["spec"])  # the declaration as registered, never the prover's copy
-        run = WatchedRun(out_dir=Path(r["dir"]), prover=r["prover"], spec=spec)
-        runs.append(run)
-        beacons[run.run_id] = bytes.fromhex(r["beacon"])
+    k = int(cfg.get("k", 1))
+    runs = [WatchedRun(out_dir=Path(r["dir"]), prover=r["prover"], spec=RunSpec.model_validate(r["spec"]), k=k)
+            for r in cfg["runs"]]  # the declaration as registered, never the prover's copy
+    policy = load_trajectory_policy(trajectory) if trajectory is not None else (
+        load_trajectory_policy() if TRAJECTORY_FILE.exists() else None)
     run_auditor(runs, rpc_url=cfg["rpc"], contract_address=cfg["contract"], validator_key=bytes.fromhex(
-        key.removeprefix("0x")), beacons=beacons, tolerance=load_tolerance(tolerance or TOLERANCE_FILE),
+        key.removeprefix("0x")), tolerance=load_tolerance(tolerance or TOLERANCE_FILE), trajectory=policy,
         journal=Path(cfg["journal"]), timeout_s=float(cfg["timeout_s"]))
 
 
@@ -72,6 +74,40 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
     write_tolerance(work / "tolerance.json", tolerance, spread, per_variant, margin)
     if write:
         write_tolerance(TOLERANCE_FILE, tolerance, spread, per_variant, margin)
+
+
+@training_app.command("trajectory")
+def trajectory(work: Path = typer.Option(Path("bench-results/training-trajectory"), help="Scratch folder."),
+               steps: int = typer.Option(30, help="Steps per run."),
+               fit_seeds: int = typer.Option(2, help="Data seeds per honest variant the thresholds are fit on."),
+               held_out_seeds: int = typer.Option(2, help="Further data seeds per variant: the false-raise check."),
+               attack_step: int = typer.Option(20, help="The step each one-cheat attack run cheats at."),
+               margin: float = typer.Option(1.5, help="Threshold = margin × the largest honest |z|."),
+               multiplier: float = typer.Option(4.0, help="Audit-rate multiplier when a score passes its threshold."),
+               write: bool = typer.Option(False, help="Write node/training/trajectory.json.")) -> None:
+    """Calibrate the trajectory checks (loss jumps, gradient-norm outliers) on honest runs; run each attack once."""
+    from node.training.calibration import TRAJECTORY_FILE, run_trajectory_calibration, write_trajectory_policy
+    from node.training.spec import RunSpec
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    base = RunSpec(steps=steps, anchor_every=5)
+    result = run_trajectory_calibration(base, work, range(fit_seeds), range(fit_seeds, fit_seeds + held_out_seeds),
+                                        attack_step, margin, multiplier)
+    work.mkdir(parents=True, exist_ok=True)
+    write_trajectory_policy(work / "trajectory.json", result, margin)
+    if write:
+        write_trajectory_policy(TRAJECTORY_FILE, result, margin)
+    doc = json.loads((work / "trajectory.json").read_text())
+    table = Table("set", "run", "max |z| loss jump", "max |z| grad norm", "raised", "near cheat", "lr check")
+    for part in ("fit", "held_out", "attacks"):
+        for r in doc[part]:
+            near = (f"{r['near_loss_jump_z']:.1f} / {r['near_grad_norm_z']:.1f} "
+                    f"{'RAISED' if r['raised_near_cheat'] else '-'}") if part == "attacks" else ""
+            table.add_row(part, r["run"], f"{r['max_abs_loss_jump_z']:.2f}", f"{r['max_abs_grad_norm_z']:.2f}",
+                          "yes" if r["raised"] else "no", near, "FAIL" if r["schedule_error"] else "ok")
+    console.print(table)
+    console.print(f"policy: {doc['policy']}; honest false raises (held out): "
+                  f"{sum(r['raised'] for r in doc['held_out'])} of {len(doc['held_out'])} runs")
 
 
 @training_app.command("attacks")
@@ -107,8 +143,11 @@ def attacks(work: Path = typer.Option(Path("bench-results/training-attacks"), he
     console.print(table)
     honest = [v for v in verdicts if v.step not in {r.step for r in rows}]
     console.print(f"honest steps of the cheating job rejected: {sum(not v.valid for v in honest)} of {len(honest)}; "
-                  f"KS init false positives: {fpr['rejected']} of {fpr['seeds']}; careful thief (norms reset): "
-                  f"min p {careful['min_p_value']:.2e} vs level {careful['level']:.2e}, caught: {careful['caught']}")
+                  f"KS init false positives: {fpr['rejected']} of {fpr['seeds']}, moment tests: "
+                  f"{fpr['moment_rejected']} of {fpr['seeds']}; careful thief (norms reset): KS min p "
+                  f"{careful['min_p_value']:.2e} vs level {careful['level']:.2e}, moments min p "
+                  f"{careful['moment_min_p_value']:.2e} ({careful['moment_worst']}) vs level "
+                  f"{careful['moment_level']:.2e}, caught: {careful['caught']}")
     work.mkdir(parents=True, exist_ok=True)
     (work / "attacks.json").write_text(json.dumps({"rows": get_rows_json(rows), "init_false_positives": fpr,
                                                    "careful_thief": careful,
@@ -128,16 +167,18 @@ def devnet(out: Path = typer.Option(Path("bench-results/training-devnet"), help=
            steps: int = typer.Option(20, help="Steps per run."),
            anchor_every: int = typer.Option(5, help="m: steps per anchor."),
            audit_rate: float = typer.Option(0.4, help="p: audit rate."),
-           timeout: float = typer.Option(900.0, help="Seconds before giving up.")) -> None:
-    """Anvil + contracts, an honest and a cheating gloo job, the auditor as its own process; exit 0 iff the
-    cheater is slashed and the honest run is not."""
+           timeout: float = typer.Option(900.0, help="Seconds before giving up."),
+           k: int = typer.Option(1, help="Audit interruption window in steps (measured recompute ÷ step).")) -> None:
+    """Anvil + contracts, an honest and a cheating gloo job, three validators each running its own auditor
+    process; exit 0 iff the cheater is slashed and the honest run is not."""
     from node.training.devnet import run_devnet
 
     logging.basicConfig(level=logging.WARNING)
     with Live(Table(), console=console, refresh_per_second=2) as live:
-        summary = run_devnet(out, steps, anchor_every, audit_rate, timeout,
+        summary = run_devnet(out, steps, anchor_every, audit_rate, timeout, k=k,
                              on_state=lambda s: live.update(_state_table(s)))
         live.update(_state_table(summary["final"]))
+    console.print(f"votes counted per validator: {summary['votes']}; auditors: {summary['journals']}")
     console.print(f"nonce replay: {summary['nonce_replay']}; gas per anchored step: "
                   f"{summary['gas_per_anchored_step']:.0f}; outputs in {out}")
     console.print("[green]cheater slashed, honest run kept its bond[/green]" if summary["ok"]

@@ -48,6 +48,7 @@ class TrainingReason(IntEnum):
     LATE_RESPONSE = 712
     DATA_UNDECLARED = 713  # a sample id outside the declared data order
     CHECKPOINT_MISSING = 714
+    SCHEDULE_MISMATCH = 715  # the ledger's learning rate is not the declared schedule's
 
 
 class InvalidTraining(InvalidInput):
@@ -178,6 +179,13 @@ def verify_batch_root(root: bytes, sample_ids: Sequence[int], tokens: Sequence[S
     """Raise InvalidTraining unless the batch hashes to root."""
     if compute_batch_root(sample_ids, tokens) != root:
         raise InvalidTraining("batch does not match its committed root", TrainingReason.BATCH_ROOT_MISMATCH, step)
+
+
+def compute_window_index(step: int, anchor_every: int) -> int:
+    """Return the anchor window of a step: window 0 holds steps 0..m, window w ≥ 1 steps (w·m + 1)..(w + 1)·m."""
+    if step < 0 or anchor_every < 1:
+        raise InvalidTraining(f"no window for step {step} at m = {anchor_every}", TrainingReason.LEDGER_MALFORMED, step)
+    return 0 if step <= anchor_every else (step - 1) // anchor_every
 
 
 def compute_audit_draw(randomness: bytes, run_id: bytes, step: int) -> bytes:

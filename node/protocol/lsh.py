@@ -176,7 +176,7 @@ def compute_completed_audits(audited: Sequence[bool], k: int) -> list[int]:
     if k < 0:
         raise InvalidParams(f"recompute length {k} is negative", Reason.OUT_OF_RANGE)
     drawn = [t for t, a in enumerate(audited) if a]
-    return [t for t, nxt in zip(drawn, [*drawn[1:], None], strict=True) if nxt is None or nxt - t > k]
+    return [t for t, nxt in zip(drawn, [*drawn[1:], None], strict=False) if nxt is None or nxt - t > k]
 
 
 def is_audited(draw: bytes, p_wad: int) -> bool:

@@ -15,8 +15,9 @@ from node.training.model import state_from_vector
 from node.training.replay import compute_replay
 
 
-def compute_served_states(plan: JobPlan, step: int, prev: np.ndarray, cur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return the (Z(s−1), Z(s)) a cheater serves for an audit of the step it cheated at."""
+def compute_served_states(plan: JobPlan, step: int, prev: np.ndarray, cur: np.ndarray,
+                          beacon: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Return the (Z(s−1), Z(s)) a cheater serves for an audit of the step it cheated at (beacon: step s's window)."""
     spec = plan.spec
     n = prev.size // 2
     corpus = load_corpus(spec.corpus_files, spec.seq_len)
@@ -28,7 +29,7 @@ def compute_served_states(plan: JobPlan, step: int, prev: np.ndarray, cur: np.nd
         return prev, replay.state.vector()
     if kind == "doctor-patched":  # ... and copy the ledger's values at the named positions into it
         doctored = replay.state.vector().copy()
-        positions = compute_named_positions(plan.beacon, step, cur.size, spec.named_positions)
+        positions = compute_named_positions(beacon, step, cur.size, spec.named_positions)
         doctored[positions] = cur[positions]
         return prev, doctored
     if kind == "forge-shadow":  # a Z(s−1) whose honest step lands exactly on the cheated Z(s)

@@ -24,6 +24,7 @@ from node.protocol.ledger import (
     TrainingReason,
     compute_batch_root,
     compute_genesis_head,
+    compute_window_index,
     verify_chain,
 )
 from node.protocol.lsh import (
@@ -33,11 +34,17 @@ from node.protocol.lsh import (
     compute_sketch_distance,
 )
 from node.training.corpus import Corpus, get_batch_ids
-from node.training.initcheck import compute_init_measurement, is_init_accepted
+from node.training.initcheck import (
+    compute_init_measurement,
+    compute_moment_measurement,
+    is_init_accepted,
+    is_moment_accepted,
+)
 from node.training.ledger_store import decode_entry, recover_head_signer
-from node.training.model import TrainState, get_run_param_count, state_from_vector
+from node.training.model import TrainState, get_declared_schedule, get_run_param_count, state_from_vector
 from node.training.replay import compute_replay
 from node.training.spec import RunSpec
+from node.training.trajectory import verify_declared_schedule
 
 log = logging.getLogger(__name__)
 TOLERANCE_FILE = Path(__file__).with_name("tolerance.json")
@@ -97,7 +104,8 @@ class AuditVerdict:
 def read_published_ledger(path: Path, run_id: bytes, prover: str | None) -> list[LedgerEntry]:
     """Return the prover's published entries after checking the chain from genesis and each head's signature."""
     entries: list[LedgerEntry] = []
-    for line in path.read_bytes().splitlines():
+    data = path.read_bytes()
+    for line in data[:data.rfind(b"\n") + 1].splitlines():  # a last line still being written is not published yet
         entry, signature = decode_entry(line)
         if prover is not None and recover_head_signer(run_id, entry.step, entry.head, signature) != prover:
             raise InvalidTraining("ledger head not signed by the run's prover", TrainingReason.LEDGER_NOT_CHAINED,
@@ -207,9 +215,16 @@ class AuditContext:
 
     spec: RunSpec
     corpus: Corpus
-    beacon: bytes
+    beacons: tuple[bytes, ...]  # per anchor window: the chain's beacon that named the window's positions
     entries: tuple[LedgerEntry, ...]
     tolerance: AuditTolerance
+
+    def get_step_beacon(self, step: int) -> bytes:
+        """Return the beacon of the window holding a step (CHECKPOINT_POSITIONS if the auditor lacks it)."""
+        index = compute_window_index(step, self.spec.anchor_every)
+        if index >= len(self.beacons):
+            raise InvalidTraining(f"no beacon for window {index}", TrainingReason.CHECKPOINT_POSITIONS, step)
+        return self.beacons[index]
 
 
 def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float) -> AuditVerdict:
@@ -222,17 +237,25 @@ def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float)
         raise InvalidTraining("audited step not in the ledger", TrainingReason.LEDGER_STEP_GAP, step)
     n_params = get_run_param_count(spec)
     served = state_from_vector(step, response.state, n_params)
-    verify_named_values(response.state, ctx.entries[step], ctx.beacon, spec.named_positions)
+    verify_named_values(response.state, ctx.entries[step], ctx.get_step_beacon(step), spec.named_positions)
     if step == 0:
-        m = compute_init_measurement(spec, served.params.numpy(), sample=200_000, seed=int.from_bytes(ctx.beacon[:8]))
+        m = compute_init_measurement(spec, served.params.numpy(), sample=200_000,
+                                     seed=int.from_bytes(ctx.get_step_beacon(0)[:8]))
+        moments = compute_moment_measurement(spec, served.params.numpy())
         if not is_init_accepted(m, ctx.tolerance.init_alpha) or bool(torch.any(served.momentum != 0)):
             raise InvalidTraining(f"initialisation fails the declared strategy (min p {m.min_p_value:.3g} in "
                                   f"{m.worst_tensor})", TrainingReason.INIT_DISTRIBUTION, 0)
-        return AuditVerdict(0, True, TrainingReason.OK, f"init KS min p {m.min_p_value:.3g}")
+        if not is_moment_accepted(moments, ctx.tolerance.init_alpha):
+            raise InvalidTraining(f"initialisation fails the declared strategy's moments (min p "
+                                  f"{moments.min_p_value:.3g} in {moments.worst})", TrainingReason.INIT_DISTRIBUTION, 0)
+        return AuditVerdict(0, True, TrainingReason.OK,
+                            f"init KS min p {m.min_p_value:.3g}, moments min p {moments.min_p_value:.3g}")
     if response.state_prev is None:
         raise InvalidTraining("no Z(t−1) served", TrainingReason.CHECKPOINT_MISSING, step)
     prev = state_from_vector(step - 1, response.state_prev, n_params)
-    verify_named_values(response.state_prev, ctx.entries[step - 1], ctx.beacon, spec.named_positions)
+    verify_named_values(response.state_prev, ctx.entries[step - 1], ctx.get_step_beacon(step - 1),
+                        spec.named_positions)
+    verify_declared_schedule([ctx.entries[step]], get_declared_schedule(spec))
     windows = verify_batches(spec, ctx.corpus, ctx.entries[step], response)
     return decide_audit(compute_audit_measurement(spec, prev, windows, ctx.entries[step], response.state),
                         ctx.tolerance)

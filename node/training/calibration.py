@@ -15,11 +15,13 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from chain.devnet import find_free_port
+from node.protocol.ledger import InvalidTraining, compute_window_index
 from node.training.auditor import (
     AuditContext,
     AuditMeasurement,
@@ -30,12 +32,28 @@ from node.training.auditor import (
     read_published_ledger,
 )
 from node.training.corpus import load_corpus
-from node.training.job import Cheat, JobPlan, LocalAudits, get_response_dir, remove_job_outputs, run_job
+from node.training.job import (
+    Cheat,
+    JobPlan,
+    LocalAudits,
+    compute_local_beacon,
+    get_response_dir,
+    remove_job_outputs,
+    run_job,
+)
+from node.training.model import get_declared_schedule
 from node.training.spec import RunSpec
+from node.training.trajectory import (
+    TrajectoryMeasurement,
+    TrajectoryPolicy,
+    compute_trajectory_measurement,
+    decide_trajectory,
+    verify_declared_schedule,
+)
 
 log = logging.getLogger(__name__)
 PROVER_KEY = (0xB0B).to_bytes(32, "big")
-BEACON = b"verinfer-calibration-beacon-0001"
+SECRET = b"calibration"
 OPEN_TOLERANCE = AuditTolerance(rel_update_error=math.inf, named_rel_error=math.inf, lsh_rel_error=math.inf,
                                 init_alpha=0.01)
 
@@ -59,12 +77,18 @@ HONEST_VARIANTS = (
 
 
 def run_audited_job(spec: RunSpec, out_dir: Path, threads: int = 1, cheats: tuple[Cheat, ...] = (),
-                    init_vector: Path | None = None, beacon: bytes = BEACON) -> None:
-    """Run the gloo job with every step audited and served (rate 1)."""
+                    init_vector: Path | None = None, rate_wad: int = 10**18) -> None:
+    """Run the gloo job with every step audited and served (rate 1; rate 0 for a ledger alone)."""
     remove_job_outputs(out_dir)
-    run_job(JobPlan(spec=spec, out_dir=out_dir, beacon=beacon, prover_key=PROVER_KEY,
-                    audits=LocalAudits(secret=b"calibration", rate_wad=10**18), port=find_free_port(),
+    run_job(JobPlan(spec=spec, out_dir=out_dir, prover_key=PROVER_KEY,
+                    audits=LocalAudits(secret=SECRET, rate_wad=rate_wad), port=find_free_port(),
                     threads=threads, cheats=cheats, init_vector=init_vector))
+
+
+def get_local_beacons(spec: RunSpec) -> tuple[bytes, ...]:
+    """Return the in-process verifier's beacon of every window of a run."""
+    windows = compute_window_index(spec.steps, spec.anchor_every) + 1
+    return tuple(compute_local_beacon(SECRET, i) for i in range(windows))
 
 
 def get_announcements(out_dir: Path) -> dict[int, float]:
@@ -73,14 +97,13 @@ def get_announcements(out_dir: Path) -> dict[int, float]:
     return {int(d["step"]): float(d["at"]) for d in map(json.loads, lines)}
 
 
-def audit_job(spec: RunSpec, out_dir: Path, tolerance: AuditTolerance, auditor_threads: int = 1,
-              beacon: bytes = BEACON) -> list[AuditVerdict]:
+def audit_job(spec: RunSpec, out_dir: Path, tolerance: AuditTolerance, auditor_threads: int = 1) -> list[AuditVerdict]:
     """Audit every announced step of a finished local job; return the verdicts in step order."""
     from eth_account import Account
 
     torch.set_num_threads(auditor_threads)
     entries = read_published_ledger(out_dir / "ledger.jsonl", spec.spec_hash(), Account.from_key(PROVER_KEY).address)
-    ctx = AuditContext(spec=spec, corpus=load_corpus(spec.corpus_files, spec.seq_len), beacon=beacon,
+    ctx = AuditContext(spec=spec, corpus=load_corpus(spec.corpus_files, spec.seq_len), beacons=get_local_beacons(spec),
                        entries=tuple(entries), tolerance=tolerance)
     verdicts = []
     for step, at in sorted(get_announcements(out_dir).items()):
@@ -147,3 +170,109 @@ def write_tolerance(path: Path, tolerance: AuditTolerance, spread: Spread, per_v
     """Write the calibrated tolerance with the spread it came from."""
     path.write_text(json.dumps({"tolerance": asdict(tolerance), "margin": margin, "spread": asdict(spread),
                                 "per_variant": {k: asdict(v) for k, v in per_variant.items()}}, indent=1) + "\n")
+
+
+# --- trajectory checks: thresholds from honest ledgers, checked on one-cheat runs -------------------------------
+
+
+TRAJECTORY_FILE = Path(__file__).with_name("trajectory.json")
+TRAJECTORY_ATTACKS = (Cheat("undeclared-sample", 0), Cheat("undeclared-batch", 0), Cheat("skip-step", 0),
+                      Cheat("repeat-step", 0), Cheat("wrong-lr", 0, factor=2.0), Cheat("wrong-lr", 0, factor=1.1),
+                      Cheat("wrong-lr", 0, factor=10.0), Cheat("wrong-lr-logged", 0, factor=2.0))
+
+
+@dataclass(frozen=True)
+class TrajectoryRun:
+    """One run's trajectory scores, and whether its ledger follows the declared schedule."""
+
+    name: str
+    measurement: TrajectoryMeasurement
+    schedule_error: str  # "" when every lr is the declared one
+
+
+def measure_trajectory_job(spec: RunSpec, out_dir: Path, name: str, threads: int = 1,
+                           cheats: tuple[Cheat, ...] = ()) -> TrajectoryRun:
+    """Run a job with no audits (the ledger alone) and return its trajectory scores and schedule check."""
+    from eth_account import Account
+
+    run_audited_job(spec, out_dir, threads=threads, cheats=cheats, rate_wad=0)
+    entries = read_published_ledger(out_dir / "ledger.jsonl", spec.spec_hash(), Account.from_key(PROVER_KEY).address)
+    try:
+        verify_declared_schedule(entries, get_declared_schedule(spec))
+        error = ""
+    except InvalidTraining as e:
+        error = str(e)
+    return TrajectoryRun(name, compute_trajectory_measurement(entries), error)
+
+
+def compute_trajectory_policy(honest: list[TrajectoryRun], margin: float, multiplier: float) -> TrajectoryPolicy:
+    """Return thresholds `margin` × the largest honest |z| of each score."""
+    return TrajectoryPolicy(loss_jump_z=margin * max(r.measurement.max_abs_loss_jump_z for r in honest),
+                            grad_norm_z=margin * max(r.measurement.max_abs_grad_norm_z for r in honest),
+                            multiplier=multiplier)
+
+
+def load_trajectory_policy(path: Path = TRAJECTORY_FILE) -> TrajectoryPolicy:
+    """Return the calibrated trajectory policy."""
+    d = json.loads(path.read_text())["policy"]
+    return TrajectoryPolicy(loss_jump_z=float(d["loss_jump_z"]), grad_norm_z=float(d["grad_norm_z"]),
+                            multiplier=float(d["multiplier"]))
+
+
+def get_honest_trajectory_variants(seeds: range) -> list[tuple[str, HonestVariant, int]]:
+    """Return (name, variant, data seed) of every honest trajectory run."""
+    return [(f"{v.name}-seed{s}", v, s) for s in seeds for v in HONEST_VARIANTS]
+
+
+def run_trajectory_calibration(base: RunSpec, work_dir: Path, fit_seeds: range, held_out_seeds: range,
+                               attack_step: int, margin: float, multiplier: float) -> dict[str, object]:
+    """Fit thresholds on honest runs of fit_seeds, count false raises on held-out seeds, run each attack once."""
+    def honest_runs(seeds: range) -> list[TrajectoryRun]:
+        out = []
+        for name, v, seed in get_honest_trajectory_variants(seeds):
+            spec = base.model_copy(update={"workers": v.workers, "batch_per_worker": v.batch_per_worker,
+                                           "data_seed": seed})
+            out.append(measure_trajectory_job(spec, work_dir / name, name, threads=v.prover_threads))
+            log.info("honest %s: max |z| loss %.2f, grad norm %.2f", name, out[-1].measurement.max_abs_loss_jump_z,
+                     out[-1].measurement.max_abs_grad_norm_z)
+        return out
+
+    fit = honest_runs(fit_seeds)
+    policy = compute_trajectory_policy(fit, margin, multiplier)
+    held_out = honest_runs(held_out_seeds)
+    attacks = []
+    for cheat in TRAJECTORY_ATTACKS:
+        name = f"{cheat.kind}x{cheat.factor}" if cheat.kind in ("wrong-lr", "wrong-lr-logged") else cheat.kind
+        run = measure_trajectory_job(base.model_copy(update={"data_seed": fit_seeds[0]}), work_dir / f"attack-{name}",
+                                     name, cheats=(Cheat(cheat.kind, attack_step, cheat.factor),))
+        attacks.append(run)
+    return {"policy": policy, "fit": fit, "held_out": held_out, "attacks": attacks, "attack_step": attack_step}
+
+
+def get_trajectory_row(run: TrajectoryRun, policy: TrajectoryPolicy, near: tuple[int, int] | None) -> dict[str, Any]:
+    """Return one run's report row: its scores, whether it raised the rate, and (attacks) near the cheat."""
+    m = run.measurement
+    decision = decide_trajectory(m, policy)
+    row: dict[str, Any] = {"run": run.name, "max_abs_loss_jump_z": m.max_abs_loss_jump_z,
+                           "max_abs_grad_norm_z": m.max_abs_grad_norm_z, "raised": decision.multiplier > 1.0,
+                           "flagged_steps": list(decision.flagged_steps), "schedule_error": run.schedule_error}
+    if near is not None:
+        lo, hi = near
+        idx = [i for i, t in enumerate(m.steps) if lo <= t <= hi]
+        row["near_loss_jump_z"] = max((abs(m.loss_jump_z[i]) for i in idx if np.isfinite(m.loss_jump_z[i])),
+                                      default=0.0)
+        row["near_grad_norm_z"] = max((abs(m.grad_norm_z[i]) for i in idx if np.isfinite(m.grad_norm_z[i])),
+                                      default=0.0)
+        row["raised_near_cheat"] = any(lo <= t <= hi for t in decision.flagged_steps)
+    return row
+
+
+def write_trajectory_policy(path: Path, result: dict[str, Any], margin: float) -> None:
+    """Write the calibrated trajectory policy with the rows it came from."""
+    policy: TrajectoryPolicy = result["policy"]
+    step = int(result["attack_step"])
+    doc = {"policy": asdict(policy), "margin": margin, "window": 8, "min_history": 4,
+           "fit": [get_trajectory_row(r, policy, None) for r in result["fit"]],
+           "held_out": [get_trajectory_row(r, policy, None) for r in result["held_out"]],
+           "attacks": [get_trajectory_row(r, policy, (step, step + 2)) for r in result["attacks"]]}
+    path.write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,10 +1,12 @@
 """`verinfer training devnet`: anvil, the hub and Training contracts, an honest and a cheating gloo job, an auditor.
 
-The auditor is its own process (`verinfer training audit`-equivalent, started with the same Python);
-the two provers run one after the other as real torch.distributed jobs (2 workers + shadow) that
-anchor on chain. Everything lands in one folder: the runs' ledgers and responses, the auditor's
-journal, a JSON summary, and a plot of audits and bonds over time. Success (exit 0) means: the
-cheater's bond was slashed and the honest run's was not.
+Three validators are bonded on the hub, and each runs its own auditor process (`verinfer training
+audit`, its own key, its own recomputation, its own vote): the contract settles an audit only on a
+supermajority (≥ 2/3 of the weight, ≥ 2 signers), so no single validator can slash. The two provers
+run one after the other as real torch.distributed jobs (2 workers + shadow) that anchor on chain and
+read each window's beacon from it. Everything lands in one folder: the runs' ledgers and responses,
+the auditors' journals, a JSON summary, and a plot of audits and bonds over time. Success (exit 0)
+means: the cheater's bond was slashed and the honest run's was not.
 """
 
 from __future__ import annotations
@@ -37,16 +39,16 @@ from node.training.spec import RunSpec
 log = logging.getLogger(__name__)
 BOND = 2 * 10**18
 VALIDATOR_STAKE = 5 * 10**18
+AUDITOR_ACCOUNTS = (2, 5, 6)  # three validators of equal stake: two votes settle an audit
 
 
 @dataclass(frozen=True)
 class DevnetRun:
-    """One prover of the devnet: its declaration, key, verifier beacon and cheats."""
+    """One prover of the devnet: its declaration, key and cheats."""
 
     name: str
     spec: RunSpec
     account: LocalAccount
-    beacon: bytes
     cheats: tuple[Cheat, ...]
 
 
@@ -57,18 +59,19 @@ def make_runs(steps: int, anchor_every: int, audit_rate: float) -> list[DevnetRu
                        lsh_nonce=secrets.token_hex(32), response_deadline_s=60.0)
 
     cheats = tuple(Cheat("undeclared-batch", t) for t in range(anchor_every + 1, steps + 1))
-    return [DevnetRun("honest", spec(1), dev_account(3), secrets.token_bytes(32), ()),
-            DevnetRun("cheater", spec(2), dev_account(4), secrets.token_bytes(32), cheats)]
+    return [DevnetRun("honest", spec(1), dev_account(3), ()), DevnetRun("cheater", spec(2), dev_account(4), cheats)]
 
 
-def deploy_devnet(w3: Web3) -> tuple[TrainingContract, str, LocalAccount]:
-    """Deploy the hub and Training, bond the auditor as a validator; return (training, treasury, auditor)."""
-    admin, treasury, auditor = dev_account(0), dev_account(1), dev_account(2)
+def deploy_devnet(w3: Web3) -> tuple[TrainingContract, str, list[LocalAccount]]:
+    """Deploy the hub and Training, bond three validators; return (training, treasury, auditors)."""
+    admin, treasury = dev_account(0), dev_account(1)
+    auditors = [dev_account(i) for i in AUDITOR_ACCOUNTS]
     hub, _ = deploy(w3, admin, HubConfig(treasury=treasury.address))
-    hub.bond(auditor, Role.VALIDATOR, VALIDATOR_STAKE)
+    for auditor in auditors:
+        hub.bond(auditor, Role.VALIDATOR, VALIDATOR_STAKE)
     training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(
-        hub=hub.address, treasury=treasury.address, min_bond=10**18, min_verdict_weight=10**18, verdict_window=200))
-    return training, treasury.address, auditor
+        hub=hub.address, treasury=treasury.address, min_bond=10**18, min_signers=2, verdict_window=250))
+    return training, treasury.address, auditors
 
 
 def register(training: TrainingContract, run: DevnetRun) -> None:
@@ -89,18 +92,18 @@ def check_nonce_replay(training: TrainingContract, run: DevnetRun) -> str:
     return "accepted"
 
 
-def start_auditor(out: Path, anvil: Anvil, training: TrainingContract, auditor: LocalAccount,
-                  runs: list[DevnetRun], timeout_s: float) -> subprocess.Popen[bytes]:
-    """Start the auditor in its own process (the CLI's `audit` command)."""
-    config = {"rpc": anvil.url, "contract": training.address, "timeout_s": timeout_s,
-              "journal": str(out / "audits.jsonl"),
-              "runs": [{"dir": str(out / r.name), "prover": r.account.address, "beacon": r.beacon.hex(),
-                        "spec": r.spec.model_dump(mode="json")} for r in runs]}
-    (out / "auditor.json").write_text(json.dumps(config, indent=1))
+def start_auditor(out: Path, name: str, anvil: Anvil, training: TrainingContract, auditor: LocalAccount,
+                  runs: list[DevnetRun], timeout_s: float, k: int) -> subprocess.Popen[bytes]:
+    """Start one validator's auditor in its own process (the CLI's `audit` command) with its own key."""
+    config = {"rpc": anvil.url, "contract": training.address, "timeout_s": timeout_s, "k": k,
+              "journal": str(out / f"audits-{name}.jsonl"),
+              "runs": [{"dir": str(out / r.name), "prover": r.account.address, "spec": r.spec.model_dump(mode="json")}
+                       for r in runs]}
+    (out / f"{name}.json").write_text(json.dumps(config, indent=1))
     cmd = [sys.executable, "-c", "from node.cli_training import training_app; training_app()", "audit",
-           "--config", str(out / "auditor.json")]
+           "--config", str(out / f"{name}.json")]
     env = {**os.environ, "VERINFER_PRIVATE_KEY": auditor.key.hex()}  # anvil's public dev key
-    return subprocess.Popen(cmd, stdout=(out / "auditor.log").open("wb"), stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, stdout=(out / f"{name}.log").open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True, env=env)
 
 
@@ -110,7 +113,7 @@ def run_prover(out: Path, anvil: Anvil, training: TrainingContract, run: DevnetR
     remove_job_outputs(folder)
     audits = ChainAudits(rpc_url=anvil.url, contract=training.address, prover_key=bytes(run.account.key),
                          run_id=run.spec.spec_hash(), final_step=run.spec.steps, anchor_every=run.spec.anchor_every)
-    run_job(JobPlan(spec=run.spec, out_dir=folder, beacon=run.beacon, prover_key=bytes(run.account.key),
+    run_job(JobPlan(spec=run.spec, out_dir=folder, prover_key=bytes(run.account.key),
                     audits=audits, port=find_free_port(), cheats=run.cheats))
 
 
@@ -172,14 +175,21 @@ def write_plot(state_log: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def read_verdicts(journal: Path) -> list[dict[str, Any]]:
+    """Return one auditor's verdict records (not interruptions or trajectory notes), the last per run and step."""
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    records = [json.loads(line) for line in lines]
+    latest = {(r["run"], r["step"]): r for r in records if "valid" in r}
+    return list(latest.values())
+
+
 def record_devnet(out: Path, runs: list[DevnetRun]) -> list[str]:
-    """Record both runs (graphs, traces, audited data) into out/record; return the trace ids."""
+    """Record both runs (graphs, traces, audited data) into out/record from the first auditor's journal."""
     from node.training.model import get_run_param_count
     from node.training.record import record_run
     from node.workload.store import WorkloadRecord
 
-    lines = (out / "audits.jsonl").read_text().splitlines() if (out / "audits.jsonl").exists() else []
-    audits = [json.loads(line) for line in lines]
+    audits = read_verdicts(out / "audits-auditor-0.jsonl")
     trace_ids = []
     with WorkloadRecord.open(out / "record") as rec:
         for run in runs:
@@ -188,42 +198,70 @@ def record_devnet(out: Path, runs: list[DevnetRun]) -> list[str]:
     return trace_ids
 
 
-def run_devnet(out: Path, steps: int, anchor_every: int, audit_rate: float, timeout_s: float,
+def get_votes(training: TrainingContract) -> dict[str, dict[str, int]]:
+    """Return per validator the votes the contract counted, valid and invalid."""
+    out: dict[str, dict[str, int]] = {}
+    for e in training.get_events("VoteCounted", 0):
+        mine = out.setdefault(str(e["args"]["signer"]), {"valid": 0, "invalid": 0})
+        mine["valid" if e["args"]["valid"] else "invalid"] += 1
+    return out
+
+
+def get_journal_summary(out: Path, names: list[str]) -> dict[str, Any]:
+    """Return per auditor: verdicts journaled, interrupted audits, off-chain audits, trajectory raises."""
+    summary: dict[str, Any] = {}
+    for name in names:
+        path = out / f"audits-{name}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        summary[name] = {"verdicts": sum("valid" in r and not r.get("offchain") for r in records),
+                         "offchain_verdicts": sum(bool(r.get("offchain")) for r in records),
+                         "interrupted": sum(bool(r.get("interrupted")) for r in records),
+                         "trajectory_raises": sum(bool(r.get("trajectory")) for r in records)}
+    return summary
+
+
+def run_devnet(out: Path, steps: int, anchor_every: int, audit_rate: float, timeout_s: float, k: int = 1,
                on_state: Any = None) -> dict[str, Any]:
     """Run the whole devnet and return its summary (`ok` is the exit criterion)."""
     out.mkdir(parents=True, exist_ok=True)
     runs = make_runs(steps, anchor_every, audit_rate)
     state_log: list[dict[str, Any]] = []
+    names = [f"auditor-{i}" for i in range(len(AUDITOR_ACCOUNTS))]
     with Anvil(block_time=1, log_path=out / "anvil.log") as anvil:
         w3 = anvil.web3()
-        training, treasury, auditor_account = deploy_devnet(w3)
+        training, treasury, auditor_accounts = deploy_devnet(w3)
         for run in runs:
             register(training, run)
         replay = check_nonce_replay(training, runs[0])
-        auditor = start_auditor(out, anvil, training, auditor_account, runs, timeout_s)
+        auditors = [start_auditor(out, name, anvil, training, account, runs, timeout_s, k)
+                    for name, account in zip(names, auditor_accounts, strict=True)]
         provers = threading.Thread(target=run_provers, args=(out, anvil, training, runs), daemon=True)
         started = time.time()
         provers.start()
         try:
-            while auditor.poll() is None and time.time() - started < timeout_s:
+            while any(a.poll() is None for a in auditors) and time.time() - started < timeout_s:
                 state = {"t": time.time(), **get_chain_state(training, runs, treasury)}
                 state_log.append(state)
                 if on_state is not None:
                     on_state(state)
                 time.sleep(2.0)
         finally:
-            if auditor.poll() is None:
-                auditor.terminate()
-            auditor.wait(timeout=30)
+            for auditor in auditors:
+                if auditor.poll() is None:
+                    auditor.terminate()
+                auditor.wait(timeout=30)
         provers.join(timeout=60)
         final = {"t": time.time(), **get_chain_state(training, runs, treasury)}
         state_log.append(final)
         gas = get_anchor_gas(training)
+        votes = get_votes(training)
     write_plot(state_log, out / "devnet.png")
     trace_ids = record_devnet(out, runs)
     honest, cheater = final["runs"]["honest"], final["runs"]["cheater"]
     summary = {"ok": bool(cheater["slashed"] and not honest["slashed"] and honest["bond"] == BOND),
-               "nonce_replay": replay, "auditor_exit": auditor.returncode, "final": final, "anchor_gas": gas,
+               "nonce_replay": replay, "auditor_exit": [a.returncode for a in auditors], "final": final,
+               "votes": votes, "auditors": {n: a.address for n, a in zip(names, auditor_accounts, strict=True)},
+               "journals": get_journal_summary(out, names), "anchor_gas": gas, "k": k,
                "gas_per_anchored_step": (sum(g["gas"] for g in gas) / max(1, sum(g["steps"] for g in gas))),
                "record": {"path": str(out / "record"), "traces": trace_ids},
                "specs": {r.name: r.spec.model_dump(mode="json") for r in runs},

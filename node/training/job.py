@@ -20,6 +20,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +32,13 @@ import torch.multiprocessing as mp
 from eth_account import Account
 
 from node.protocol.hashing import keccak256
-from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
+from node.protocol.ledger import (
+    LedgerEntry,
+    compute_batch_root,
+    compute_genesis_head,
+    compute_window_index,
+    seal_entry,
+)
 from node.protocol.lsh import (
     compute_named_positions,
     compute_projection_plan,
@@ -47,6 +54,7 @@ from node.training.model import (
     compute_local_gradient,
     compute_lr,
     compute_update,
+    get_named_values,
     get_params_vector,
     set_params_vector,
 )
@@ -54,17 +62,27 @@ from node.training.shadow import ShadowState
 from node.training.spec import RunSpec
 
 log = logging.getLogger(__name__)
-UPDATE_CHEATS = ("skip-step", "wrong-lr")
+UPDATE_CHEATS = ("skip-step", "wrong-lr", "wrong-lr-logged")
+LR_CHEATS = ("wrong-lr", "wrong-lr-logged")
 DATA_CHEATS = ("undeclared-sample", "undeclared-batch", "repeat-step", "doctor", "doctor-patched", "forge-shadow")
 SERVE_CHEATS = ("doctor", "doctor-patched", "forge-shadow", "late")
 
 
 class AuditSource(Protocol):
-    """How the prover learns, after anchoring a head, which steps of the window are audited."""
+    """The verifier's randomness as the prover sees it: a window's beacon, then after each anchor its draws."""
+
+    def get_beacon(self, index: int) -> bytes:
+        """Return the beacon of anchor window `index` (fixed only after window index − 1 was anchored)."""
+        ...
 
     def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
         """Anchor head (covering steps first..last) and return the audited steps among them."""
         ...
+
+
+def compute_local_beacon(secret: bytes, index: int) -> bytes:
+    """Return the beacon of window `index` of an in-process verifier: keccak256(secret ‖ "beacon" ‖ uint256 index)."""
+    return keccak256(secret + b"beacon" + index.to_bytes(32, "big"))
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,10 @@ class LocalAudits:
 
     secret: bytes
     rate_wad: int
+
+    def get_beacon(self, index: int) -> bytes:
+        """Return the in-process verifier's beacon of a window."""
+        return compute_local_beacon(self.secret, index)
 
     def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
         """Return the steps whose draw falls under the rate."""
@@ -97,7 +119,6 @@ class JobPlan:
 
     spec: RunSpec
     out_dir: Path
-    beacon: bytes
     prover_key: bytes
     audits: Any  # an AuditSource; Any so that pickling keeps the concrete class
     port: int
@@ -161,9 +182,16 @@ def _cheat_windows(plan: JobPlan, rank: int, step: int, ids: list[int], windows:
 
 
 def compute_step_lr(plan: JobPlan, step: int) -> float:
-    """Return the learning rate the prover really uses (declared, unless the wrong-lr cheat is due)."""
+    """Return the learning rate the prover really uses (declared, unless a wrong-lr cheat is due)."""
     lr, cheat = compute_lr(plan.spec, step), get_cheat(plan, step)
-    return lr * cheat.factor if cheat.kind == "wrong-lr" else lr
+    return lr * cheat.factor if cheat.kind in LR_CHEATS else lr
+
+
+def get_logged_lr(plan: JobPlan, step: int) -> float:
+    """Return the lr the ledger records: the declared one (a careful wrong-lr cheater logs it too), except for the
+    cheater that logs the lr it really used (wrong-lr-logged)."""
+    return compute_step_lr(plan, step) if get_cheat(plan, step).kind == "wrong-lr-logged" else compute_lr(plan.spec,
+                                                                                                          step)
 
 
 def compute_step_update(plan: JobPlan, state: TrainState, grad: torch.Tensor, step: int) -> TrainState:
@@ -181,8 +209,9 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
     set_params_vector(model, state.params)
     lsh_plan = compute_projection_plan(spec.lsh_seed(), state.params.numel(), spec.lsh_dim)
     writer = _LedgerWriter(plan) if rank == 0 else None
+    beacon = _share_beacon(plan, writer, 0)
     if writer is not None:
-        writer.write(state, (), (), None, float("nan"), float("nan"), float("nan"))
+        writer.write(state, beacon, (), (), None, float("nan"), float("nan"), float("nan"))
     batches: deque[tuple[int, list[Any]]] = deque(maxlen=spec.keep_checkpoints)
     last_anchor = 0
     for step in range(1, spec.steps + 1):
@@ -205,8 +234,8 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
             batches.append((step, [(p[3], p[4]) for p in parts]))
             # the sketch is linear: the all-reduced gradient's is the mean of the replicas' (no second projection)
             mean_sketch = np.mean([p[5] for p in parts], axis=0)
-            writer.write(state, tuple(p[0] for p in parts), tuple(tuple(p[1]) for p in parts), mean_sketch,
-                         float(np.mean([p[2] for p in parts])), float(grad.norm()), compute_step_lr(plan, step))
+            writer.write(state, beacon, tuple(p[0] for p in parts), tuple(tuple(p[1]) for p in parts), mean_sketch,
+                         float(np.mean([p[2] for p in parts])), float(grad.norm()), get_logged_lr(plan, step))
             with (plan.out_dir / "steps.jsonl").open("a") as f:  # timings for the workload record's trace
                 f.write(json.dumps({"step": step, "start_ns": started_ns, "end_ns": time.time_ns()}) + "\n")
         if step % spec.anchor_every == 0 or step == spec.steps:
@@ -216,8 +245,21 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
                 break
             if writer is not None:
                 _serve_batches(plan, drawn, dict(batches))
+            if step < spec.steps:  # the next window's named positions exist only now that this one is anchored
+                beacon = _share_beacon(plan, writer, compute_window_index(step + 1, spec.anchor_every))
     if writer is not None:
         writer.close()
+
+
+def _share_beacon(plan: JobPlan, writer: _LedgerWriter | None, index: int) -> bytes:
+    """Read window `index`'s beacon on rank 0 (waiting for the chain) and give it to every rank."""
+    box: list[Any] = [plan.audits.get_beacon(index) if writer is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    beacon: bytes = box[0]
+    if writer is not None:
+        with (plan.out_dir / "beacons.jsonl").open("a") as f:
+            f.write(json.dumps({"index": index, "beacon": beacon.hex(), "at": time.time()}) + "\n")
+    return beacon
 
 
 class RunStopped(Exception):
@@ -236,41 +278,94 @@ def _anchor(plan: JobPlan, writer: _LedgerWriter | None, first: int, last: int) 
         with announce.open("a") as f:
             for s in box[0] or []:
                 f.write(json.dumps({"step": s, "at": time.time()}) + "\n")
+        if box[0] is not None:  # off-chain requests (raised audit rate) are served with the drawn steps
+            box[0] = sorted(set(box[0]) | set(take_requests(plan.out_dir, last)))
     dist.broadcast_object_list(box, src=0)
     return None if box[0] is None else list(box[0])
 
 
 class _LedgerWriter:
-    """Rank 0's ledger: builds, seals, signs and stores one entry per step."""
+    """Rank 0's ledger: builds, seals, signs and stores one entry per step, off the training's critical path.
+
+    Entries are written in order by one background thread (the step's tensors are never changed in place, so
+    the thread reads them safely); `flush` waits for them, and the anchor flushes before it reads the head.
+    """
 
     def __init__(self, plan: JobPlan) -> None:
         self.plan = plan
         self.run_id = plan.spec.spec_hash()
         self.store = LedgerStore(plan.out_dir / "ledger", self.run_id)
         self.account = Account.from_key(plan.prover_key)
-        self.head = compute_genesis_head(self.run_id)
+        self._head = compute_genesis_head(self.run_id)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger")
+        self.pending: list[Future[None]] = []
 
-    def write(self, state: TrainState, roots: tuple[bytes, ...], replica_lsh: tuple[tuple[int, ...], ...],
-              mean_sketch: np.ndarray | None, loss: float, grad_norm: float, lr: float) -> None:
-        """Seal, sign and store the entry of the state just reached (step 0: no batch, no sketch)."""
+    @property
+    def head(self) -> bytes:
+        """Return the newest head after every queued entry was written."""
+        self.flush()
+        return self._head
+
+    def write(self, state: TrainState, beacon: bytes, roots: tuple[bytes, ...],
+              replica_lsh: tuple[tuple[int, ...], ...], mean_sketch: np.ndarray | None, loss: float, grad_norm: float,
+              lr: float) -> None:
+        """Queue the entry of the state just reached (step 0: no batch, no sketch)."""
+        self.pending.append(self.pool.submit(self._write, state, beacon, roots, replica_lsh, mean_sketch, loss,
+                                             grad_norm, lr))
+
+    def _write(self, state: TrainState, beacon: bytes, roots: tuple[bytes, ...],
+               replica_lsh: tuple[tuple[int, ...], ...], mean_sketch: np.ndarray | None, loss: float, grad_norm: float,
+               lr: float) -> None:
         spec = self.plan.spec
-        z = state.vector()
-        positions = compute_named_positions(self.plan.beacon, state.step, z.size, spec.named_positions)
+        positions = compute_named_positions(beacon, state.step, 2 * state.params.numel(), spec.named_positions)
         lsh: tuple[int, ...] = ()
         if mean_sketch is not None:
             lsh = tuple(compute_quantisation(mean_sketch, spec.lsh_scale).tolist())
         entry = seal_entry(LedgerEntry(
-            run_id=self.run_id, step=state.step, prev_head=self.head, positions=tuple(positions.tolist()),
-            values=tuple(z[positions].tolist()), batch_roots=roots, lsh=lsh, replica_lsh=replica_lsh,
-            loss=loss, grad_norm=grad_norm, lr=lr))
+            run_id=self.run_id, step=state.step, prev_head=self._head, positions=tuple(positions.tolist()),
+            values=tuple(get_named_values(state, positions).tolist()), batch_roots=roots, lsh=lsh,
+            replica_lsh=replica_lsh, loss=loss, grad_norm=grad_norm, lr=lr))
         signature = sign_head(self.account, self.run_id, entry.step, entry.head)
         self.store.process_entry(entry, signature)
         with (self.plan.out_dir / "ledger.jsonl").open("ab") as f:  # the published copy auditors read
             f.write(encode_entry(entry, signature) + b"\n")
-        self.head = entry.head
+        self._head = entry.head
+
+    def flush(self) -> None:
+        """Wait until every queued entry is stored (raising the first failure)."""
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()
 
     def close(self) -> None:
-        self.store.close()
+        """Flush, stop the thread and close the store."""
+        try:
+            self.flush()
+        finally:
+            self.pool.shutdown(wait=True)
+            self.store.close()
+
+
+def get_request_dir(out_dir: Path) -> Path:
+    """Return where auditors leave off-chain audit requests (`<step>.json`) for the prover."""
+    return out_dir / "requests"
+
+
+def take_requests(out_dir: Path, last_step: int) -> list[int]:
+    """Return the requested steps ≤ last_step not taken before, marking them taken."""
+    folder = get_request_dir(out_dir)
+    steps = []
+    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        try:
+            step = int(json.loads(path.read_text())["step"])
+        except (ValueError, KeyError, TypeError, OSError):
+            log.warning("ignoring malformed audit request %s", path.name)
+            path.unlink(missing_ok=True)
+            continue
+        if 0 <= step <= last_step:
+            steps.append(step)
+            path.rename(path.with_suffix(".taken"))
+    return steps
 
 
 def get_response_dir(out_dir: Path, step: int) -> Path:
@@ -301,19 +396,23 @@ def _shadow_loop(plan: JobPlan) -> None:
     del model
     last_anchor = 0
     timers: list[threading.Timer] = []
+    beacons = {0: _share_beacon(plan, None, 0)}
     for step in range(1, spec.steps + 1):
         grad = torch.zeros(n, dtype=torch.float32)
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         grad /= spec.workers
+        dist.gather_object(None, None, dst=0)  # release rank 0 first: the apply below overlaps the next step
         shadow.on_gradient(step, grad)
-        dist.gather_object(None, None, dst=0)
         if step % spec.anchor_every == 0 or step == spec.steps:
             drawn = _anchor(plan, None, last_anchor + 1 if last_anchor else 0, step)
             last_anchor = step
             if drawn is None:
                 break
+            if step < spec.steps:
+                index = compute_window_index(step + 1, spec.anchor_every)
+                beacons[index] = _share_beacon(plan, None, index)
             for s in drawn:
-                serve = _make_state_server(plan, shadow, s)
+                serve = _make_state_server(plan, shadow, s, beacons[compute_window_index(s, spec.anchor_every)])
                 if get_cheat(plan, s).kind == "late":
                     timers.append(threading.Timer(get_cheat(plan, s).delay_s, serve))
                     timers[-1].start()
@@ -323,7 +422,7 @@ def _shadow_loop(plan: JobPlan) -> None:
         t.join()
 
 
-def _make_state_server(plan: JobPlan, shadow: ShadowState, step: int) -> Any:
+def _make_state_server(plan: JobPlan, shadow: ShadowState, step: int, beacon: bytes) -> Any:
     """Return a callable writing Z(s−1) and Z(s) for an audit (doctored or forged for those cheats)."""
     from node.training import attacks  # the dishonest provers' serving; honest runs never call into it
 
@@ -334,7 +433,7 @@ def _make_state_server(plan: JobPlan, shadow: ShadowState, step: int) -> Any:
         log.warning("audit of step %d can no longer be served", step)
         return lambda: None
     if get_cheat(plan, step).kind in SERVE_CHEATS and prev is not None:
-        prev, cur = attacks.compute_served_states(plan, step, prev, cur)
+        prev, cur = attacks.compute_served_states(plan, step, prev, cur, beacon)
     folder = get_response_dir(plan.out_dir, step)
 
     def serve() -> None:

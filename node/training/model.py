@@ -70,6 +70,12 @@ def compute_lr(spec: RunSpec, step: int) -> float:
     return spec.lr_peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
+@functools.lru_cache(maxsize=8)
+def get_declared_schedule(spec: RunSpec) -> tuple[float, ...]:
+    """Return the declared learning rate of every step 0..steps (step 0 has none: 0)."""
+    return (0.0, *(compute_lr(spec, t) for t in range(1, spec.steps + 1)))
+
+
 def compute_local_gradient(model: LlamaForCausalLM, windows: np.ndarray) -> tuple[float, torch.Tensor]:
     """Return (mean token loss, flat float32 gradient) of one worker's mini-batch of (seq_len+1)-windows."""
     ids = torch.as_tensor(windows, dtype=torch.long)
@@ -98,6 +104,15 @@ def compute_update(state: TrainState, grad: torch.Tensor, lr: float, momentum: f
     """Return the SGD-with-momentum step: buf = μ·buf + g; θ = θ − lr·buf (torch.optim.SGD's formula)."""
     buf = state.momentum * momentum + grad
     return TrainState(step=state.step + 1, params=state.params - lr * buf, momentum=buf)
+
+
+def get_named_values(state: TrainState, positions: np.ndarray) -> np.ndarray:
+    """Return Z[positions] (float32) of Z = params ‖ momentum without building Z."""
+    n = state.params.numel()
+    idx = torch.from_numpy(np.asarray(positions, dtype=np.int64))
+    in_params = idx < n
+    values = torch.where(in_params, state.params[idx.clamp(max=n - 1)], state.momentum[(idx - n).clamp(min=0)])
+    return values.numpy().astype(np.float32)
 
 
 def state_from_vector(step: int, z: np.ndarray, n_params: int) -> TrainState:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
+from web3.logs import DISCARD
 
 from chain.errors import ChainError, ContractReverted
-from chain.training import TrainingContract, sign_audit_verdict
+from chain.training import AuditVote, TrainingContract, sign_audit_verdict
 from node.errors import Reason, RecoverableError
 from node.training.job import RunStopped
 
@@ -50,6 +51,18 @@ class ChainAudits:
     anchor_every: int
     draw_timeout_s: float = 60.0
 
+    def get_beacon(self, index: int) -> bytes:
+        """Wait until window `index`'s beacon is fixed on chain (the block after the previous anchor) and return it."""
+        contract = get_training_contract(self.rpc_url, self.contract)
+        deadline = time.monotonic() + self.draw_timeout_s
+        while True:
+            try:
+                return contract.beacon(self.run_id, index)
+            except ContractReverted as e:
+                if e.error != "DrawNotReady" or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
     def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
         """Anchor the head, finish the run after its last window, and return the drawn audits."""
         contract = get_training_contract(self.rpc_url, self.contract)
@@ -71,18 +84,22 @@ class ChainAudits:
         return get_audited_steps(contract, self.run_id, before)
 
 
-def submit_audit_verdict(contract: TrainingContract, validator: LocalAccount, run_id: bytes, index: int, step: int,
-                         valid: bool, reason: int) -> bool:
-    """Sign and submit one validator's verdict; return False if the step was already settled."""
+def submit_audit_vote(contract: TrainingContract, validator: LocalAccount, run_id: bytes, index: int, step: int,
+                      valid: bool, reason: int) -> str:
+    """Sign and submit this validator's own vote on one audited step; return "counted", "settled" (this vote
+    settled it), "already-settled" or "skipped" (counted before)."""
     head = contract.get_anchor(run_id, index).head
     signature = sign_audit_verdict(validator, int(contract.w3.eth.chain_id), contract.address, run_id, step, head,
                                    valid, reason)
     try:
-        contract.submit_verdict(validator, run_id, index, step, valid, reason, [signature])
+        receipt = contract.submit_votes(validator, run_id, index, step, [AuditVote(valid, reason, signature)])
     except ContractReverted as e:
-        if e.error == "AlreadySettled":
-            return False
+        # a vote mined after another auditor's settling vote in the same block reverts without revert data
+        if e.error == "AlreadySettled" or contract.audit_result(run_id, step) != 0:
+            return "already-settled"
         raise
     except ChainError as e:
-        raise RecoverableError(f"verdict submission failed: {e}", Reason.TX_FAILED) from e
-    return True
+        raise RecoverableError(f"vote submission failed: {e}", Reason.TX_FAILED) from e
+    settled = contract.contract.events.AuditSettled().process_receipt(receipt, errors=DISCARD)
+    skipped = contract.contract.events.VoteSkipped().process_receipt(receipt, errors=DISCARD)
+    return "settled" if settled else "skipped" if skipped else "counted"

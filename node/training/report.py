@@ -19,7 +19,12 @@ import torch
 from node.protocol.lsh import compute_catch_probability, compute_expected_audits_to_detection
 from node.training.auditor import AuditTolerance, AuditVerdict
 from node.training.calibration import audit_job, run_audited_job
-from node.training.initcheck import compute_init_measurement, is_init_accepted
+from node.training.initcheck import (
+    compute_init_measurement,
+    compute_moment_measurement,
+    is_init_accepted,
+    is_moment_accepted,
+)
 from node.training.job import Cheat
 from node.training.model import (
     TrainState,
@@ -120,20 +125,29 @@ def measure_careful_thief(spec: RunSpec, tolerance: AuditTolerance) -> dict[str,
     """Return the step-0 check of a stolen init whose norms were reset (the auditor's own init check, no job)."""
     params = compute_stolen_init(spec, steps=100, lr=0.1, reset_norms=True)
     m = compute_init_measurement(spec, params, sample=200_000, seed=0)
+    moments = compute_moment_measurement(spec, params)
     return {"min_p_value": m.min_p_value, "worst_tensor": m.worst_tensor, "tensors": m.tensors,
-            "level": tolerance.init_alpha / m.tensors, "caught": not is_init_accepted(m, tolerance.init_alpha)}
+            "level": tolerance.init_alpha / m.tensors, "caught_by_ks": not is_init_accepted(m, tolerance.init_alpha),
+            "moment_min_p_value": moments.min_p_value, "moment_worst": moments.worst, "moment_tests": moments.tests,
+            "moment_level": tolerance.init_alpha / moments.tests,
+            "caught": not (is_init_accepted(m, tolerance.init_alpha)
+                           and is_moment_accepted(moments, tolerance.init_alpha))}
 
 
 def measure_init_false_positives(spec: RunSpec, seeds: int, alpha: float) -> dict[str, Any]:
     """Return the KS check's rejections over honest inits of `seeds` seeds."""
-    p_values, rejected = [], 0
+    p_values, moment_p_values, rejected, moment_rejected = [], [], 0, 0
     for seed in range(seeds):
         s = spec.model_copy(update={"init_seed": 1000 + seed})
-        m = compute_init_measurement(s, get_params_vector(build_model(s)).numpy(), sample=200_000, seed=seed)
+        params = get_params_vector(build_model(s)).numpy()
+        m = compute_init_measurement(s, params, sample=200_000, seed=seed)
+        moments = compute_moment_measurement(s, params)
         p_values.append(m.min_p_value)
+        moment_p_values.append(moments.min_p_value)
         rejected += not is_init_accepted(m, alpha)
+        moment_rejected += not is_moment_accepted(moments, alpha)
     return {"seeds": seeds, "alpha": alpha, "rejected": rejected, "false_positive_rate": rejected / seeds,
-            "min_p_values": p_values}
+            "min_p_values": p_values, "moment_rejected": moment_rejected, "moment_min_p_values": moment_p_values}
 
 
 def get_rows_json(rows: list[AttackRow]) -> list[dict[str, Any]]:

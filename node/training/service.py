@@ -1,11 +1,21 @@
-"""The auditor as a node role (`verinfer training audit`): watch anchors on chain, audit the drawn steps, vote.
+"""The auditor as a node role (`verinfer training audit`): watch anchors on chain, audit drawn steps, vote.
 
-For each run it audits, the auditor knows the declaration (spec.json), the verifier beacon it issued,
-and where the prover publishes its ledger and serves responses. It checks the run's on-chain record
-against the declaration (data root, procedure hash), the published ledger against the anchored head,
-then each drawn step as `node.training.auditor` does; it writes the verdict to its journal before it
-signs and submits. A newer audit interrupts a running recomputation only in the sense of the maths
-(q = p(1 − p)^k): this auditor finishes every audit, and the policy is reported with the measured k.
+For each run it audits, the auditor knows the declaration (spec.json) and where the prover publishes
+its ledger and serves responses. It checks the run's on-chain record against the declaration (data
+root, procedure hash, prover), then per anchor whose draw is ready: the window's beacon (stored on
+chain with the anchor: the named positions I(t) derive from it), the published ledger against the
+anchored head, the trajectory of the ledger's optional values, and the drawn steps.
+
+Scheduling follows `compute_completed_audits` (node.training.scheduler): a newer drawn audit within
+k steps interrupts an older one — a running recomputation is killed in its child process. Responses
+are stamped with the auditor's clock when first seen complete; a drawn step without a response by the
+deadline is voted LATE_RESPONSE. Every verdict is journaled before it is signed and submitted, as this
+validator's own vote (`submitVotes`); the contract settles on a supermajority of validators.
+
+Trajectory checks (node.training.trajectory) never vote: when they raise the run's audit rate, the
+auditor picks extra steps of the window with its own randomness and requests them off-chain
+(`requests/<step>.json` beside the responses; the prover serves them at its next anchor); their
+verdicts are journaled (`offchain: true`), not submitted: the chain settles only drawn steps.
 """
 
 from __future__ import annotations
@@ -13,13 +23,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 
+from chain.errors import ContractReverted
+from chain.training import TrainingContract
+from node.errors import RecoverableError
 from node.protocol.ledger import InvalidTraining, LedgerEntry, TrainingReason
 from node.training.auditor import (
     AuditContext,
@@ -31,21 +47,45 @@ from node.training.auditor import (
     read_published_ledger,
 )
 from node.training.corpus import load_corpus
-from node.training.job import get_response_dir
-from node.training.onchain import get_audited_steps, get_training_contract, submit_audit_verdict
+from node.training.job import get_request_dir, get_response_dir
+from node.training.model import get_declared_schedule
+from node.training.onchain import get_audited_steps, get_training_contract, submit_audit_vote
+from node.training.scheduler import AuditSchedule, CancellableWorker
 from node.training.spec import RunSpec
+from node.training.trajectory import (
+    TrajectoryDecision,
+    TrajectoryPolicy,
+    compute_extra_audit_probability,
+    compute_raised_rate,
+    compute_trajectory_measurement,
+    decide_trajectory,
+    verify_declared_schedule,
+)
 
 log = logging.getLogger(__name__)
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 
 
 @dataclass
 class WatchedRun:
-    """One run the auditor follows, and the anchors it has finished."""
+    """One run the auditor follows: anchors read, beacons, the schedule of its audits, responses seen."""
 
     out_dir: Path
     prover: str
     spec: RunSpec
-    done_anchors: set[int] = field(default_factory=set)
+    k: int = 1
+    anchors_read: int = 0
+    beacons: list[bytes] = field(default_factory=list)
+    schedule: AuditSchedule = field(default_factory=lambda: AuditSchedule(k=1))
+    index_of: dict[int, int] = field(default_factory=dict)  # drawn step → anchor index
+    drawn_at: dict[int, float] = field(default_factory=dict)  # step → when this auditor saw it drawn/requested
+    responses: dict[int, AuditResponse] = field(default_factory=dict)  # stamped on first sight
+    offchain: set[int] = field(default_factory=set)
+    multiplier: float = 1.0
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.schedule = AuditSchedule(k=self.k)
 
     @property
     def run_id(self) -> bytes:
@@ -72,44 +112,6 @@ def wait_for_response(folder: Path, step: int, deadline: float, poll_s: float = 
         time.sleep(poll_s)
 
 
-def audit_anchor(run: WatchedRun, index: int, *, rpc_url: str, contract_address: str, validator_key: bytes,
-                 beacon: bytes, tolerance: AuditTolerance, journal: Path,
-                 on_verdict: Callable[[dict[str, object]], None] | None = None) -> list[AuditVerdict]:
-    """Audit every drawn step of one anchor and submit the verdicts; return them."""
-    contract = get_training_contract(rpc_url, contract_address)
-    validator = Account.from_key(validator_key)
-    anchor = contract.get_anchor(run.run_id, index)
-    drawn_at = time.time()
-    steps = get_audited_steps(contract, run.run_id, index)
-    verdicts = []
-    for step in steps:
-        try:
-            entries = read_published_ledger(run.out_dir / "ledger.jsonl", run.run_id, run.prover)
-            verify_anchor_head(entries, anchor.last_step, anchor.head)
-            ctx = AuditContext(spec=run.spec, corpus=load_corpus(run.spec.corpus_files, run.spec.seq_len),
-                               beacon=beacon, entries=tuple(entries), tolerance=tolerance)
-            response = wait_for_response(get_response_dir(run.out_dir, step), step,
-                                         drawn_at + run.spec.response_deadline_s)
-            verdict = process_audit(ctx, response, drawn_at)
-        except InvalidTraining as e:
-            verdict = AuditVerdict(step, False, e.training_reason, str(e))
-        verdict = AuditVerdict(step, verdict.valid, verdict.reason, verdict.detail, verdict.measurement)
-        record = {"run": run.run_id.hex(), "anchor": index, "step": step, "valid": verdict.valid,
-                  "reason": int(verdict.reason), "reason_name": verdict.reason.name, "detail": verdict.detail,
-                  "measurement": asdict(verdict.measurement) if verdict.measurement else None, "at": time.time()}
-        with journal.open("a") as f:  # journaled before it is signed and sent
-            f.write(json.dumps(record, default=float) + "\n")
-        submitted = submit_audit_verdict(contract, validator, run.run_id, index, step, verdict.valid,
-                                         int(verdict.reason))
-        record["submitted"] = submitted
-        if on_verdict is not None:
-            on_verdict(record)
-        log.info("run %s step %d: %s (%s)", run.run_id.hex()[:10], step, "valid" if verdict.valid else "INVALID",
-                 verdict.detail)
-        verdicts.append(verdict)
-    return verdicts
-
-
 def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: bytes, prover: str) -> bool:
     """Check whether the on-chain run has the declaration's data root, procedure hash and prover."""
     corpus = load_corpus(run.spec.corpus_files, run.spec.seq_len)
@@ -117,33 +119,222 @@ def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: byte
             and prover.lower() == run.prover.lower())
 
 
+@dataclass
+class AuditorService:
+    """The auditor's loop over its runs: one recomputation at a time in a killable child process."""
+
+    contract: TrainingContract
+    validator: LocalAccount
+    tolerance: AuditTolerance
+    trajectory: TrajectoryPolicy | None
+    journal: Path
+    worker: CancellableWorker
+    on_record: Callable[[dict[str, Any]], None] | None = None
+    running: tuple[WatchedRun, int] | None = None
+
+    def process_run(self, run: WatchedRun) -> None:
+        """Read new anchors of a run whose draw is ready, schedule their audits, stamp responses, vote late ones."""
+        record = self.contract.get_run(run.run_id)
+        if record.prover == ZERO_ADDRESS:
+            return
+        if not is_declared_on_chain(run, record.data_root, record.procedure_hash, record.prover):
+            log.error("run %s on chain does not match its declaration: not audited", run.run_id.hex()[:10])
+            run.closed = True
+            return
+        if record.slashed:  # its bond is gone: nothing left to settle
+            if self.is_running(run):
+                self.worker.cancel()
+                self.running = None
+            run.closed = True
+            return
+        while run.anchors_read < record.anchors:
+            anchor = self.contract.get_anchor(run.run_id, run.anchors_read)
+            if self.contract.w3.eth.block_number < anchor.block_number + 2:
+                break
+            self.on_anchor(run, run.anchors_read, anchor.first_step, anchor.last_step, anchor.head, anchor.beacon)
+            run.anchors_read += 1
+        self.collect_responses(run)
+        ended = record.finished_block or record.slashed
+        if ended and run.anchors_read == record.anchors and not self.get_waiting(run) and not self.is_running(run):
+            run.closed = True
+
+    def on_anchor(self, run: WatchedRun, index: int, first_step: int, last_step: int, head: bytes,
+                  beacon: bytes) -> None:
+        """Take one anchored window: its beacon, its draws (interrupting older audits), trajectory, extra audits."""
+        run.beacons.append(beacon)
+        steps = get_audited_steps(self.contract, run.run_id, index)
+        now = time.time()
+        for t in steps:
+            run.index_of[t], run.drawn_at[t] = index, now
+        for t in run.schedule.on_draw(last_step, steps):
+            self.on_interrupted(run, t)
+        self.process_trajectory(run, index, range(first_step, last_step + 1), head, steps)
+
+    def process_trajectory(self, run: WatchedRun, index: int, window: range, head: bytes, drawn: list[int]) -> None:
+        """Score the published ledger up to the anchor; when the rate is raised, request extra steps off-chain."""
+        if self.trajectory is None:
+            return
+        try:
+            entries = read_published_ledger(run.out_dir / "ledger.jsonl", run.run_id, run.prover)
+            verify_anchor_head(entries, window[-1], head)
+            entries = entries[:window[-1] + 1]
+            verify_declared_schedule(entries, get_declared_schedule(run.spec))
+            decision = decide_trajectory(compute_trajectory_measurement(entries), self.trajectory)
+        except InvalidTraining as e:  # the lr is declared: a mismatch raises the rate (and names its step)
+            log.warning("run %s trajectory: %s", run.run_id.hex()[:10], e)
+            decision = TrajectoryDecision(multiplier=self.trajectory.multiplier,
+                                          flagged_steps=(e.step,) if e.step is not None else ())
+        run.multiplier = max(run.multiplier, decision.multiplier)
+        p = run.spec.audit_rate
+        extra_p = compute_extra_audit_probability(p, compute_raised_rate(p, dataclasses.replace(
+            decision, multiplier=run.multiplier)))
+        chosen = [t for t in window if t not in drawn
+                  and (t in decision.flagged_steps or secrets.randbelow(10**6) < extra_p * 10**6)]
+        for t in chosen:
+            self.request_offchain(run, t)
+        if decision.multiplier > 1.0:
+            self.write_journal({"run": run.run_id.hex(), "trajectory": True, "anchor": index,
+                                "multiplier": run.multiplier, "flagged": list(decision.flagged_steps),
+                                "offchain_requested": chosen, "at": time.time()})
+
+    def request_offchain(self, run: WatchedRun, step: int) -> None:
+        """Ask the prover for an extra audit response of a step the chain did not draw."""
+        folder = get_request_dir(run.out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{step:08d}.json").write_text(json.dumps({"step": step, "at": time.time()}))
+        run.offchain.add(step)
+        run.drawn_at[step] = time.time()
+
+    def on_interrupted(self, run: WatchedRun, step: int) -> None:
+        """Abandon an audit the schedule interrupted (kill it if it is running): no vote."""
+        if self.running is not None and self.running[0] is run and self.running[1] == step:
+            self.worker.cancel()
+            self.running = None
+        self.write_journal({"run": run.run_id.hex(), "step": step, "interrupted": True, "at": time.time()})
+
+    def get_waiting(self, run: WatchedRun) -> list[int]:
+        """Return the steps still to audit: live on-chain ones, then off-chain extras, oldest first."""
+        live = [t for t in run.schedule.get_pending() if not self.is_running(run, t)]
+        extra = [t for t in sorted(run.offchain) if not self.is_running(run, t)]
+        return live + extra
+
+    def is_running(self, run: WatchedRun, step: int | None = None) -> bool:
+        """Check whether the worker runs an audit of this run (of this step)."""
+        return self.running is not None and self.running[0] is run and (step is None or self.running[1] == step)
+
+    def collect_responses(self, run: WatchedRun) -> None:
+        """Stamp responses that became complete; vote LATE on drawn steps past their deadline."""
+        for t in self.get_waiting(run):
+            if t in run.responses:
+                continue
+            try:
+                response = load_response(get_response_dir(run.out_dir, t), t)
+            except InvalidTraining as e:
+                self.on_verdict(run, t, AuditVerdict(t, False, e.training_reason, str(e)))
+                continue
+            if response is not None:
+                run.responses[t] = dataclasses.replace(response, arrived_at=time.time())
+            elif time.time() > run.drawn_at[t] + run.spec.response_deadline_s * (2 if t in run.offchain else 1):
+                self.on_verdict(run, t, AuditVerdict(t, False, TrainingReason.LATE_RESPONSE,
+                                                     "no response before the deadline"))
+
+    def dispatch(self, runs: list[WatchedRun]) -> None:
+        """Start the oldest waiting audit whose response arrived, if the worker is free."""
+        if self.running is not None:
+            return
+        for run in runs:
+            for t in self.get_waiting(run):
+                if t not in run.responses:
+                    continue
+                try:
+                    ctx = self.get_context(run, t)
+                except InvalidTraining as e:
+                    self.on_verdict(run, t, AuditVerdict(t, False, e.training_reason, str(e)))
+                    return
+                self.worker.submit(f"{run.run_id.hex()[:10]}:{t}", process_audit, ctx, run.responses[t],
+                                   run.drawn_at[t])
+                self.running = (run, t)
+                return
+
+    def get_context(self, run: WatchedRun, step: int) -> AuditContext:
+        """Return the audit context: the published ledger (checked up to the anchored head) and the beacons."""
+        entries = read_published_ledger(run.out_dir / "ledger.jsonl", run.run_id, run.prover)
+        if step in run.index_of:
+            anchor = self.contract.get_anchor(run.run_id, run.index_of[step])
+            verify_anchor_head(entries, anchor.last_step, anchor.head)
+        return AuditContext(spec=run.spec, corpus=load_corpus(run.spec.corpus_files, run.spec.seq_len),
+                            beacons=tuple(run.beacons), entries=tuple(entries), tolerance=self.tolerance)
+
+    def collect_result(self, runs: list[WatchedRun], timeout_s: float) -> None:
+        """Take the worker's verdict when it is done."""
+        if self.running is None:
+            time.sleep(timeout_s)  # nothing to wait for but the chain and the prover
+            return
+        result = self.worker.poll(timeout_s)
+        if result is None:
+            return
+        run, step = self.running
+        self.running = None
+        _, status, value = result
+        if status != "ok":
+            log.error("audit of step %d failed in the worker: %s (left for a retry)", step, value)
+            run.responses.pop(step, None)
+            return
+        verdict: AuditVerdict = value
+        self.on_verdict(run, step, AuditVerdict(step, verdict.valid, verdict.reason, verdict.detail,
+                                                verdict.measurement))
+
+    def on_verdict(self, run: WatchedRun, step: int, verdict: AuditVerdict) -> None:
+        """Journal a verdict, then (drawn steps only) sign and submit this validator's vote."""
+        offchain = step in run.offchain and step not in run.index_of
+        if offchain:
+            run.offchain.discard(step)
+        else:
+            run.schedule.on_finished(step)
+            run.offchain.discard(step)
+        record: dict[str, Any] = {
+            "run": run.run_id.hex(), "anchor": run.index_of.get(step), "step": step, "valid": verdict.valid,
+            "reason": int(verdict.reason), "reason_name": verdict.reason.name, "detail": verdict.detail,
+            "measurement": asdict(verdict.measurement) if verdict.measurement else None, "offchain": offchain,
+            "validator": self.validator.address, "at": time.time()}
+        self.write_journal(record)  # journaled before it is signed and sent
+        if not offchain:
+            try:
+                record["submitted"] = submit_audit_vote(self.contract, self.validator, run.run_id,
+                                                        run.index_of[step], step, verdict.valid, int(verdict.reason))
+            except ContractReverted as e:  # e.g. past the verdict window: journaled, the loop goes on
+                record["submitted"] = f"reverted: {e.error}"
+            except RecoverableError as e:
+                record["submitted"] = f"failed: {e}"
+        if self.on_record is not None:
+            self.on_record(record)
+        log.info("run %s step %d%s: %s (%s) %s", run.run_id.hex()[:10], step, " (off-chain)" if offchain else "",
+                 "valid" if verdict.valid else "INVALID", verdict.detail, record.get("submitted", ""))
+
+    def write_journal(self, record: dict[str, Any]) -> None:
+        """Append one record to the journal."""
+        with self.journal.open("a") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+
+
 def run_auditor(runs: list[WatchedRun], *, rpc_url: str, contract_address: str, validator_key: bytes,
-                beacons: dict[bytes, bytes], tolerance: AuditTolerance, journal: Path, timeout_s: float) -> None:
-    """Follow runs until each is finished and all its anchors are audited (or the timeout passes)."""
-    contract = get_training_contract(rpc_url, contract_address)
+                tolerance: AuditTolerance, trajectory: TrajectoryPolicy | None, journal: Path, timeout_s: float,
+                threads: int = 1) -> None:
+    """Follow runs until each is finished and all its drawn audits are voted (or the timeout passes)."""
+    service = AuditorService(contract=get_training_contract(rpc_url, contract_address),
+                             validator=Account.from_key(validator_key), tolerance=tolerance, trajectory=trajectory,
+                             journal=journal, worker=CancellableWorker(threads))
     deadline = time.monotonic() + timeout_s
-    pending = list(runs)
-    while pending and time.monotonic() < deadline:
-        for run in list(pending):
-            record = contract.get_run(run.run_id)
-            if record.prover == "0x0000000000000000000000000000000000000000":
-                continue
-            if not is_declared_on_chain(run, record.data_root, record.procedure_hash, record.prover):
-                log.error("run %s on chain does not match its declaration: not audited", run.run_id.hex()[:10])
-                pending.remove(run)
-                continue
-            for index in range(record.anchors):
-                if index in run.done_anchors:
-                    continue
-                a = contract.get_anchor(run.run_id, index)
-                if contract.w3.eth.block_number < a.block_number + 2:
-                    continue
-                audit_anchor(run, index, rpc_url=rpc_url, contract_address=contract_address,
-                             validator_key=validator_key, beacon=beacons[run.run_id], tolerance=tolerance,
-                             journal=journal)
-                run.done_anchors.add(index)
-            if (record.finished_block or record.slashed) and len(run.done_anchors) == record.anchors:
-                pending.remove(run)
-        time.sleep(0.5)
-    if pending:
-        log.warning("auditor stopped with %d runs unfinished", len(pending))
+    try:
+        while time.monotonic() < deadline:
+            pending = [r for r in runs if not r.closed]
+            if not pending:
+                break
+            for run in pending:
+                service.process_run(run)
+            service.dispatch(pending)
+            service.collect_result(pending, timeout_s=0.3)
+    finally:
+        service.worker.close()
+    if any(not r.closed for r in runs):
+        log.warning("auditor stopped with %d runs unfinished", sum(not r.closed for r in runs))

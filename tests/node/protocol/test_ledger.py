@@ -117,3 +117,13 @@ def test_training_reasons_share_the_code_space_of_reason():
         assert Reason(int(r)).name == r.name
     err = InvalidTraining("x", TrainingReason.NONCE_REPLAYED, step=3)
     assert err.reason is Reason.NONCE_REPLAYED and err.training_reason is TrainingReason.NONCE_REPLAYED
+
+
+def test_window_index_matches_the_contracts_anchor_windows():
+    from node.protocol.ledger import compute_window_index
+
+    # the first anchor covers 0..m, each later one the next m steps
+    assert [compute_window_index(t, 5) for t in range(0, 17)] == [0] * 6 + [1] * 5 + [2] * 5 + [3]
+    assert [compute_window_index(t, 1) for t in range(4)] == [0, 0, 1, 2]
+    with pytest.raises(InvalidTraining):
+        compute_window_index(-1, 5)

@@ -139,3 +139,9 @@ def test_a_short_chunk_plan_is_the_prefix_of_the_full_chunk(length):
     buckets, signs = compute_chunk_plan(b"s" * 16, 2, length, 97)
     assert (buckets == ((draws >> np.uint64(1)) % np.uint64(97)).astype(np.int64)).all()
     assert (signs == (draws & np.uint64(1)).astype(np.float64) * 2.0 - 1.0).all()
+
+
+def test_completed_audits_of_a_run_without_draws_is_empty():
+    from node.protocol.lsh import compute_completed_audits
+
+    assert compute_completed_audits([], 2) == [] and compute_completed_audits([False, False], 0) == []

@@ -87,3 +87,15 @@ def test_arrival_is_stamped_by_the_auditor_not_by_the_provers_file_times(tmp_pat
     response = wait_for_response(tmp_path, 0, deadline=before + 5)
     assert response is not None and response.arrived_at >= before
     assert wait_for_response(tmp_path / "missing", 1, deadline=time.time() + 0.3, poll_s=0.1) is None
+
+
+def test_each_step_is_checked_with_its_own_windows_beacon():
+    from node.training.auditor import AuditContext
+    from node.training.spec import RunSpec
+
+    spec = RunSpec(steps=10, anchor_every=3)
+    ctx = AuditContext(spec=spec, corpus=None, beacons=(b"\x00" * 32, b"\x01" * 32), entries=(), tolerance=TOL)
+    assert ctx.get_step_beacon(3) == b"\x00" * 32 and ctx.get_step_beacon(4) == b"\x01" * 32
+    with pytest.raises(InvalidTraining) as e:
+        ctx.get_step_beacon(7)  # window 2 is not anchored yet: its positions cannot be checked
+    assert e.value.training_reason == TrainingReason.CHECKPOINT_POSITIONS

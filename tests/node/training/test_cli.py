@@ -8,7 +8,7 @@ from node.cli_training import training_app
 def test_the_sub_app_lists_its_commands():
     result = CliRunner().invoke(training_app, ["--help"])
     assert result.exit_code == 0
-    for command in ("audit", "calibrate", "attacks", "devnet"):
+    for command in ("audit", "calibrate", "trajectory", "attacks", "devnet"):
         assert command in result.output
 
 

@@ -53,3 +53,28 @@ def test_the_real_smollm2_weights_are_not_a_declared_init():
     m = measure(spec, get_params_vector(model).numpy())
     assert not is_init_accepted(m, ALPHA)
     assert m.min_p_value < 1e-100 and not m.norms_exact
+
+
+def test_the_moment_tests_pass_honest_inits_and_catch_a_lightly_pretrained_one_with_reset_norms():
+    from node.training.initcheck import compute_moment_measurement, is_moment_accepted
+    from node.training.report import compute_stolen_init
+
+    for seed in range(4):
+        spec = RunSpec(init_seed=200 + seed)
+        m = compute_moment_measurement(spec, get_params_vector(build_model(spec)).numpy())
+        assert m.tests == 45 and is_moment_accepted(m, ALPHA), m
+    spec = RunSpec()
+    stolen = compute_stolen_init(spec, steps=100, lr=0.1, reset_norms=True)
+    assert is_init_accepted(measure(spec, stolen), ALPHA)  # the KS gap: it passes the KS test
+    m = compute_moment_measurement(spec, stolen)
+    assert not is_moment_accepted(m, ALPHA) and m.min_p_value < 1e-100, m
+
+
+def test_a_wrong_scale_fails_the_variance_test():
+    from node.training.initcheck import compute_moment_measurement, is_moment_accepted
+
+    spec = RunSpec()
+    params = get_params_vector(build_model(spec)).numpy() * np.float32(1.01)  # 1 % too wide, norms too
+    params[params == np.float32(1.01)] = 1.0
+    m = compute_moment_measurement(spec, params)
+    assert not is_moment_accepted(m, ALPHA) and m.worst.endswith("variance"), m

@@ -101,3 +101,17 @@ def test_the_run_is_recorded_in_the_workload_record(honest, tmp_path):
         refs = [r for r in rec.tensor_refs() if r.name == "Z(4)"]
         served = np.load(honest / "responses" / "00000004" / "state.npy")
         assert refs and np.array_equal(rec.get_tensor(refs[0]), served)
+
+
+def test_off_chain_requests_are_taken_once_and_malformed_ones_dropped(tmp_path):
+    from node.training.job import get_request_dir, take_requests
+
+    folder = get_request_dir(tmp_path)
+    folder.mkdir()
+    (folder / "00000003.json").write_text(json.dumps({"step": 3}))
+    (folder / "00000009.json").write_text(json.dumps({"step": 9}))  # past the anchored step: later
+    (folder / "bad.json").write_text("{")
+    assert take_requests(tmp_path, 5) == [3]
+    assert take_requests(tmp_path, 5) == []
+    assert take_requests(tmp_path, 10) == [9]
+    assert not (folder / "bad.json").exists()

@@ -71,3 +71,14 @@ def test_state_round_trips_through_its_vector():
     z = np.arange(10, dtype=np.float32)
     s = state_from_vector(1, z, 5)
     assert np.array_equal(s.vector(), z)
+
+
+def test_named_values_are_read_without_building_z():
+    import numpy as np
+    import torch
+
+    from node.training.model import TrainState, get_named_values
+
+    state = TrainState(3, torch.arange(10, dtype=torch.float32), -torch.arange(10, dtype=torch.float32) - 1)
+    positions = np.array([0, 4, 9, 10, 15, 19])
+    assert get_named_values(state, positions).tolist() == state.vector()[positions].tolist()

@@ -1,4 +1,4 @@
-"""The Training contract on a real anvil through chain.training: parity of draws and digests, slashing, replay."""
+"""The Training contract on a real anvil through chain.training: beacons, draws, digests, the vote quorum, slashing."""
 
 import pytest
 
@@ -10,21 +10,23 @@ from chain.training import TrainingContract, TrainingDeployConfig, compute_verdi
 from node.protocol.hashing import keccak256
 from node.protocol.ledger import TrainingReason, compute_audit_draw
 from node.protocol.lsh import is_audited
-from node.training.onchain import get_audited_steps, submit_audit_verdict
+from node.training.onchain import ChainAudits, get_audited_steps, submit_audit_vote
 
-RATE = 5 * 10**17
+RATE = 10**18  # every step drawn: the test needs a drawn step, whatever the block hash
 
 
 @pytest.fixture(scope="module")
 def net():
     with Anvil() as node:
         w3 = node.web3()
-        admin, treasury, validator, prover = (dev_account(i) for i in range(4))
+        admin, treasury, prover = dev_account(0), dev_account(1), dev_account(3)
+        validators = [dev_account(i) for i in (2, 5, 6)]
         hub, _ = deploy(w3, admin, HubConfig(treasury=treasury.address))
-        hub.bond(validator, Role.VALIDATOR, 5 * 10**18)
+        for v in validators:
+            hub.bond(v, Role.VALIDATOR, 5 * 10**18)
         training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(hub=hub.address,
                                                                              treasury=treasury.address))
-        yield w3, training, validator, prover, treasury
+        yield node, w3, training, validators, prover, treasury
 
 
 def mine(w3, n):
@@ -32,16 +34,38 @@ def mine(w3, n):
         w3.provider.make_request("evm_mine", [])
 
 
-def test_anchor_draw_verdict_and_slash(net):
-    w3, training, validator, prover, treasury = net
+def test_beacons_come_from_the_block_after_the_previous_anchor(net):
+    node, w3, training, _, prover, _ = net
+    run = keccak256(b"run-beacon")
+    receipt = training.register_run(prover, run, keccak256(b"nonce-beacon"), b"\x01" * 32, b"\x02" * 32, 0, RATE, 5,
+                                    10**18)
+    with pytest.raises(ContractReverted) as e:
+        training.beacon(run, 0)
+    assert e.value.error == "DrawNotReady"
+    mine(w3, 2)  # readable from the block after the beacon's source block
+    audits = ChainAudits(rpc_url=node.url, contract=training.address, prover_key=bytes(prover.key), run_id=run,
+                         final_step=10, anchor_every=5, draw_timeout_s=5.0)
+    b0 = audits.get_beacon(0)
+    assert b0 == bytes(w3.eth.get_block(receipt["blockNumber"] + 1)["hash"])
+    anchored = training.anchor(prover, run, 5, keccak256(b"h5"))
+    assert training.get_anchor(run, 0).beacon == b0  # stored with the anchor
+    with pytest.raises(ContractReverted):
+        training.beacon(run, 1)  # not before the block after the anchor: the prover cannot know window 1 yet
+    mine(w3, 2)
+    assert audits.get_beacon(1) == bytes(w3.eth.get_block(anchored["blockNumber"] + 1)["hash"])
+
+
+def test_one_validator_cannot_settle_two_do_and_the_cheater_is_slashed(net):
+    _, w3, training, validators, prover, treasury = net
     run, nonce = keccak256(b"run-a"), keccak256(b"nonce-a")
     training.register_run(prover, run, nonce, b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 2 * 10**18)
     with pytest.raises(ContractReverted) as e:
         training.register_run(prover, keccak256(b"run-b"), nonce, b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 2 * 10**18)
     assert e.value.error == "NonceReplayed"
+    mine(w3, 2)
     head = keccak256(b"head-5")
     receipt = training.anchor(prover, run, 5, head)
-    assert receipt["gasUsed"] < 150_000
+    assert receipt["gasUsed"] < 200_000
     with pytest.raises(ContractReverted) as e:
         training.audit_seed(run, 0)
     assert e.value.error == "DrawNotReady"
@@ -49,18 +73,32 @@ def test_anchor_draw_verdict_and_slash(net):
     seed = training.audit_seed(run, 0)
     assert seed == bytes(w3.eth.get_block(receipt["blockNumber"] + 1)["hash"])
     steps = get_audited_steps(training, run, 0)
-    assert steps == [t for t in range(6) if is_audited(compute_audit_draw(seed, run, t), RATE)]
-    step = steps[0] if steps else None
-    if step is None:
-        pytest.skip("no step drawn at p = 0.5 in this block (probability 1/64)")
+    assert steps == [t for t in range(6) if is_audited(compute_audit_draw(seed, run, t), RATE)] == list(range(6))
+    step = 3
     digest = compute_verdict_digest(int(w3.eth.chain_id), training.address, run, step, head, False, 709)
     assert digest == training.verdict_digest(run, step, head, False, 709)
-    assert submit_audit_verdict(training, validator, run, 0, step, False, int(TrainingReason.RECOMPUTE_MISMATCH))
-    assert not submit_audit_verdict(training, validator, run, 0, step, True, 0)  # already settled: skipped
+    bad = int(TrainingReason.RECOMPUTE_MISMATCH)
+    assert submit_audit_vote(training, validators[0], run, 0, step, False, bad) == "counted"
+    assert submit_audit_vote(training, validators[0], run, 0, step, False, bad) == "skipped"  # counted once
+    assert not training.get_run(run).slashed and training.audit_result(run, step) == 0  # one of three: nothing
+    assert training.has_voted(run, step, validators[0].address)
+    assert submit_audit_vote(training, validators[1], run, 0, step, False, bad) == "settled"
+    assert submit_audit_vote(training, validators[2], run, 0, step, True, 0) == "already-settled"
     rec = training.get_run(run)
-    assert rec.slashed and rec.bond == 0
-    assert training.audit_result(run, step) == 2
+    assert rec.slashed and rec.bond == 0 and training.audit_result(run, step) == 2
     assert training.credits(treasury.address) == 2 * 10**18
     with pytest.raises(ContractReverted) as e:
         training.anchor(prover, run, 10, keccak256(b"head-10"))
     assert e.value.error == "NotRunning"
+
+
+def test_a_non_validator_vote_is_refused(net):
+    _, w3, training, _, prover, _ = net
+    run = keccak256(b"run-c")
+    training.register_run(prover, run, keccak256(b"nonce-c"), b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 10**18)
+    mine(w3, 2)
+    training.anchor(prover, run, 5, keccak256(b"h"))
+    mine(w3, 2)
+    with pytest.raises(ContractReverted) as e:
+        submit_audit_vote(training, dev_account(7), run, 0, 1, False, 709)
+    assert e.value.error == "NotAValidator"
