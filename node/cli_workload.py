@@ -149,7 +149,7 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
                   start_ns: int = typer.Option(None), end_ns: int = typer.Option(None),
                   trace: str = typer.Option(None, help="Tensors of this trace."),
                   role: str = typer.Option(None, help="Tensor role filter."),
-                  missing: bool = typer.Option(False, help="What is missing to verify --graph."),
+                  missing: bool = typer.Option(False, help="What is missing to verify --graph (or --trace's graph)."),
                   check: bool = typer.Option(False, help="Re-hash --trace's tensors, check its event order."),
                   mode: str = typer.Option("exact", help="Binding mode for --missing.")) -> None:
     """Query graphs, traces, tensors, joins between them, and what is missing to verify a graph."""
@@ -173,9 +173,9 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
             if not result.is_consistent:
                 raise typer.Exit(1)
         elif missing:
-            if not graph:
-                fail("--missing needs --graph", 2)
-            report = compute_missing(rec, graph, mode)
+            if not graph and not trace:
+                fail("--missing needs --graph or --trace", 2)
+            report = compute_missing(rec, graph or rec.get_trace(trace).graph_id, mode)
             emit({**dataclasses.asdict(report), "verifiable": report.is_verifiable}, as_json)
         elif trace or role:
             emit([to_json(r) for r in get_tensors(rec, trace_id=trace, role=role)], as_json, "tensors")
@@ -252,6 +252,48 @@ def replay_command(graph: str, binding: str = typer.Option("recorded", help="Bin
     if not result.outputs:
         fail(f"no claimed output bound to compare with (unclaimed: {list(result.unclaimed)})", 2)
     raise typer.Exit(0 if match else 1)
+
+
+@workload_app.command("check-inference")
+@typed_errors
+def check_inference_command(trace: str, model: str = typer.Option(..., help="The claimed model (registry name)."),
+                            record: Path = typer.Option(None, "--record", help="The prover's record folder."),
+                            url: str = typer.Option(None, help="Or the executer's base URL (its /v1/workload API)."),
+                            key: str = typer.Option(None, envvar="VERINFER_WORKLOAD_KEY", help="API key for --url."),
+                            cache: Path = typer.Option(Path("workload-verifier"), help="The verifier's own record "
+                                                       "(its graph exports and compiled modules)."),
+                            root: str = typer.Option(None, help="The committed artifact root (hex) to hold it to."),
+                            max_logprob_error: float = typer.Option(7e-4, help="Calibrated on SmolLM2: 10 × the "
+                                                                    "largest honest error (docs/workload.md)."),
+                            min_top_k_agreement: float = typer.Option(1.0), as_json: bool = JSON) -> None:
+    """Stage 2 from the record: replay a recorded inference with IREE on this verifier's own weights and graphs.
+
+    Exit 0 when it is within the tolerance, 1 when it is not (the reason is printed), 2 when the record is
+    unreadable or the graph not exported yet.
+    """
+    from node.checks.stage2_record import Stage2RecordTolerance
+    from node.engines.models import get_model_spec, materialise_model
+    from node.workload.stage2_replay import HttpRecordReader, RecordReader, RecordVerifier
+    from node.workload.store import WorkloadRecord
+
+    if (record is None) == (url is None) or (url is not None and not key):
+        fail("give either --record or --url with --key", 2)
+    try:
+        expected_root = bytes.fromhex(root) if root else None
+    except ValueError:
+        fail("--root must be hex", 2)
+    verifier = RecordVerifier(materialise_model(get_model_spec(model)), cache)
+    reader: RecordReader = (WorkloadRecord.open(record, readonly=True) if record is not None
+                            else HttpRecordReader(url, key))
+    try:
+        measurement, decision = verifier.check(reader, trace, Stage2RecordTolerance(max_logprob_error,
+                                                                                    min_top_k_agreement),
+                                               expected_root)
+    finally:
+        reader.close()
+        verifier.close()
+    emit({**measurement.as_dict(), "reason": decision.reason.name, "valid": decision.valid}, as_json)
+    raise typer.Exit(0 if decision.valid else 1)
 
 
 @workload_app.command("export-trace")

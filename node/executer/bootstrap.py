@@ -63,12 +63,10 @@ def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService, Path, Mo
     tokenizer = ModelTokenizer(files.path, spec.chat)
     recorder = None
     if settings.workload_record is not None:  # background mode: the serving thread only enqueues (≈0.1 ms)
-        from node.workload.model import Device
-        from node.workload.recorder import InferenceRecorder
-        from node.workload.store import WorkloadRecord
+        from node.workload.recorder import open_executer_recorder  # graphs exported in a niced child process
 
-        recorder = InferenceRecorder(WorkloadRecord.open(settings.workload_record), spec.name,
-                                     Device("executer/0", "localhost", settings.device, 0), background=True)
+        recorder = open_executer_recorder(settings.workload_record, files, resolve_dtype(spec, settings.dtype),
+                                          settings.device)
     service = ExecuterService(files, tokenizer, load_engine(files, settings), profile.fingerprint_thresholds(),
                               recorder=recorder)
     return service, profile_path, profile

@@ -4,6 +4,7 @@ then replay slices of both with IREE from the record alone (plus the verifier's 
 
 from __future__ import annotations
 
+import copy
 import logging
 import socket
 import time
@@ -19,7 +20,7 @@ from node.workload.demo_models import compute_mlp_step, make_mlp_batch
 from node.workload.errors import UnknownObject
 from node.workload.export import export_function, export_module, get_module_state
 from node.workload.graph import compute_all_reduce_graph
-from node.workload.inference import record_verification_graphs, replay_recorded_inference
+from node.workload.inference import CausalLmGraphExporter, replay_recorded_inference
 from node.workload.model import Device, Link, Trace, TraceEvent
 from node.workload.recorder import InferenceRecorder
 from node.workload.replay import is_replay_match, replay_arrays, run_and_compare
@@ -54,9 +55,13 @@ class DemoReport:
     all_reduce_max_error: float
 
 
-def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int, say: Say) -> tuple[Any, str, float,
-                                                                                                   float]:
-    """Serve one real inference with recording on; return (loaded model, trace id, generate s, record s)."""
+def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int,
+                     say: Say) -> tuple[Any, str, float, float, float]:
+    """Serve one real inference with recording on; return (model, trace id, generate s, record s, export s).
+
+    The recorder's export thread exports the decode and verification graphs from its own copy of the
+    model while the inference is served; ``close()`` waits for it.
+    """
     from node.checks.fingerprint import FingerprintThresholds
     from node.engines.models import get_model_spec, materialise_model
     from node.engines.tokenizer import ModelTokenizer
@@ -69,7 +74,9 @@ def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int, s
     files = materialise_model(spec)
     engine = TransformersEngine(files.path, model_name)
     host = socket.gethostname()
-    recorder = InferenceRecorder(record, model_name, Device(f"{host}/cpu", host, "cpu", 0), background=True)
+    graphs = CausalLmGraphExporter(lambda: copy.deepcopy(engine.model), model_name, files.model_id.hex(), spec.dtype)
+    recorder = InferenceRecorder(record, model_name, Device(f"{host}/cpu", host, "cpu", 0), graphs=graphs,
+                                 background=True)
     timed = _TimedRecorder(recorder)
     service = ExecuterService(files, ModelTokenizer(files.path, spec.chat), engine,
                               FingerprintThresholds(2, 1.0, 1.0, 0), recorder=timed)
@@ -79,10 +86,11 @@ def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int, s
     served = service.infer(prompt_ids, compute_prompt_hash(files.model_id, messages=messages),
                            SamplingParams(0.7, 0.95, 0, max_tokens), 42, None, {"messages": messages})
     total = time.perf_counter() - t0
-    recorder.close()  # the writer thread finishes the record
+    recorder.close()  # the writer thread finishes the record, the export thread the graphs
     say(f"served {len(served.generation.output_ids)} tokens in {total:.2f} s; recording cost the serving path "
-        f"{timed.seconds * 1e3:.1f} ms, its writer thread {recorder.write_s * 1e3:.1f} ms")
-    return engine.model, timed.trace_id, total - timed.seconds, recorder.write_s
+        f"{timed.seconds * 1e3:.1f} ms, its writer thread {recorder.write_s * 1e3:.1f} ms; the export thread "
+        f"exported the decode and verification graphs in {recorder.export_s:.1f} s")
+    return engine.model, timed.trace_id, total - timed.seconds, recorder.write_s, recorder.export_s
 
 
 class _TimedRecorder:
@@ -218,20 +226,11 @@ def run_demo(path: Path, model_name: str = "smollm2-135m-instruct", max_tokens: 
     """Record an inference and a training step into the record at path, and replay slices of both."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with WorkloadRecord.open(path) as record:
-        model, trace_id, gen_s, rec_s = record_inference(record, model_name, max_tokens, say)
-        trace = record.get_trace(trace_id)
-        length = int(trace.graph_id.rsplit("/", 1)[1])
-        t0 = time.perf_counter()
-        graph_id = record_verification_graphs(record, model, length, model_name)
-        export_s = time.perf_counter() - t0
-        say(f"exported the decode and verification graphs (length {length}) in {export_s:.1f} s")
-        relinked = Trace(f"{trace_id}/verified", graph_id, "inference", trace.events)
-        record.put_trace(relinked)
-        for ref in record.tensor_refs():
-            if ref.trace_id == trace_id:
-                record.put_tensor(record.get_tensor(ref), role=ref.role, name=ref.name, event_id=ref.event_id,
-                                  trace_id=relinked.trace_id)
-        replay = replay_recorded_inference(record, relinked.trace_id, get_module_state(model))
+        model, trace_id, gen_s, rec_s, export_s = record_inference(record, model_name, max_tokens, say)
+        graph_id = record.resolve_graph_id(record.get_trace(trace_id).graph_id)
+        if graph_id is None:
+            raise UnknownObject("the export thread did not export the verification graph", obj=trace_id)
+        replay = replay_recorded_inference(record, trace_id, get_module_state(model))
         say(f"verification prefill on IREE: compile {replay.replay.compile_s:.1f} s, run {replay.replay.run_s:.2f} s; "
             f"top-K equal at {replay.top_k_equal}/{replay.positions} positions; "
             f"max |Δ logprob| {replay.max_logprob_error:.2e}")
@@ -239,14 +238,14 @@ def run_demo(path: Path, model_name: str = "smollm2-135m-instruct", max_tokens: 
                               np.asarray(trace_input(record, trace_id, "output_ids"))[:-1]])
         layer_id, layer_err, layer_iree, layer_eager = replay_last_layer(record, model, fed, say)
         train_id, train_matches, ar_err = record_training_step(record, say)
-    return DemoReport(relinked.trace_id, graph_id, gen_s, rec_s, export_s, replay.max_logprob_error,
+    return DemoReport(trace_id, graph_id, gen_s, rec_s, export_s, replay.max_logprob_error,
                       replay.top_k_equal, replay.positions, replay.replay.compile_s, replay.replay.run_s, layer_id,
                       layer_err, layer_iree, layer_eager, train_id, train_matches, ar_err)
 
 
 def trace_input(record: WorkloadRecord, trace_id: str, name: str) -> np.ndarray[Any, Any]:
     """Return the tensor a trace recorded under a name."""
-    for ref in record.tensor_refs():
-        if ref.trace_id == trace_id and ref.name == name:
+    for ref in record.tensor_refs_of_trace(trace_id):
+        if ref.name == name:
             return record.get_tensor(ref)
     raise UnknownObject(f"no tensor {name!r} recorded", obj=trace_id)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from node.workload.bind import Binding, compute_binding_report, compute_order_violations
 from node.workload.errors import UnknownObject, WorkloadError
+from node.workload.graph_keys import is_pending_id
 from node.workload.model import TensorRef, Trace, TraceEvent
 from node.workload.store import WorkloadRecord
 
@@ -56,13 +57,19 @@ def get_events(trace: Trace, *, device_ids: set[str] | None = None, start_ns: in
 def get_tensors(record: WorkloadRecord, *, trace_id: str | None = None, role: str | None = None,
                 event_id: str | None = None) -> list[TensorRef]:
     """Return recorded tensor references filtered by trace, role and emitting event."""
-    return [r for r in record.tensor_refs() if (trace_id is None or r.trace_id == trace_id)
+    refs = record.tensor_refs() if trace_id is None else record.tensor_refs_of_trace(trace_id)
+    return [r for r in refs if (trace_id is None or r.trace_id == trace_id)
             and (role is None or r.role == role) and (event_id is None or r.event_id == event_id)]
 
 
 @dataclass(frozen=True)
 class MissingReport:
-    """What a verifier still lacks to verify a graph (or a trace's graph) in a binding mode."""
+    """What a verifier still lacks to verify a graph (or a trace's graph) in a binding mode.
+
+    ``pending`` describes a placeholder graph id: "export requested, not recorded yet" while the
+    prover's exporter works on it, "not requested" when no one here exports it; ``resolved_from`` is
+    the placeholder a resolved report was reached from.
+    """
 
     graph_id: str
     graph_recorded: bool
@@ -70,6 +77,8 @@ class MissingReport:
     best_binding: str | None
     missing: tuple[str, ...]
     missing_inputs: tuple[str, ...]
+    pending: str | None = None
+    resolved_from: str | None = None
 
     @property
     def is_verifiable(self) -> bool:
@@ -78,7 +87,18 @@ class MissingReport:
 
 
 def compute_missing(record: WorkloadRecord, graph_id: str, mode: str = "exact") -> MissingReport:
-    """Return what is missing to verify a graph: the graph itself, or edges of its best binding."""
+    """Return what is missing to verify a graph: the graph itself, or edges of its best binding.
+
+    A placeholder (pending) id is followed to its exported verification graph when the record has
+    resolved it; otherwise the report says the graph is missing and whether its export is requested.
+    """
+    if is_pending_id(graph_id):
+        resolved = record.resolve_graph_id(graph_id)
+        if resolved is None:
+            state = ("export requested, not recorded yet" if record.get_graph_request(graph_id) is not None
+                     else "not requested: no exporter here; a verifier exports it from its own model copy")
+            return MissingReport(graph_id, False, (), None, ("graph",), ("graph",), pending=state)
+        return replace(compute_missing(record, resolved, mode), resolved_from=graph_id)
     try:
         graph = record.get_graph(graph_id)
     except UnknownObject:

@@ -1,11 +1,18 @@
-"""Record every inference an executer serves: data, RNG seed and a trace of the steps.
+"""Record every inference an executer serves: data, RNG seed, a trace of the steps, and its graphs.
 
 Cheap on the serving path: a handful of small tensors (prompt and output ids, the run seed, the
 artifact wire bytes, the fingerprint chunks, each content-addressed) and one trace, written in a
-few synced LevelDB batches. The verification graph (teacher-forced prefill for this sequence length)
-is exported only when ``export_graphs`` is on, once per length (same length → same graph id),
-because a torch-mlir export takes seconds; otherwise the trace names the graph it will be verified
-with as ``pending/<model>/<length>`` and a verifier exports it from its own copy of the model.
+few synced LevelDB batches (or, with ``background=True``, by a writer thread: the serving thread only
+enqueues).
+
+Graphs: with a ``GraphSource`` (``node.workload.inference.CausalLmGraphExporter``) every inference
+links to its decode graph and its teacher-forced verification graph. The pair is exported once per
+``GraphKey`` (model, dtype, length bucket, export config, toolchain) by a separate export thread,
+never on the serving path (an export takes seconds to minutes). Until then the trace names the key's
+``pending_id``; the record keeps the request (``gwant/``) and, once exported, the resolution
+(``gkey/``) plus graph → trace links for the traces recorded meanwhile. A recorder opened on the
+same record later re-uses resolved keys and resumes the requests that were never exported. Without
+a graph source the trace names ``pending/<model>/<length>`` and a verifier exports from its own copy.
 """
 
 from __future__ import annotations
@@ -14,26 +21,46 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from node.errors import VerinferError
+from node.workload.graph_keys import GraphKey, get_legacy_pending_id, graph_key_from_json
 from node.workload.model import Device, Trace, TraceEvent
 from node.workload.store import WorkloadRecord
 
 if TYPE_CHECKING:
+    from node.engines.models import ModelFiles
     from node.executer.service import ServedInference
 
 log = logging.getLogger(__name__)
 
-GraphExporter = Callable[[int], str]  # sequence length → id of the recorded verification graph
+
+class GraphSource(Protocol):
+    """Names and exports the graphs that verify an inference of a given length."""
+
+    def get_graph_key(self, length: int) -> GraphKey:
+        """Return the key of the graphs for `length` fed tokens."""
+        ...
+
+    def is_own_key(self, key: dict[str, Any]) -> bool:
+        """Check whether a recorded key's JSON is one this source exports."""
+        ...
+
+    def export_graphs(self, key: GraphKey, record: WorkloadRecord) -> tuple[str, str]:
+        """Export the key's (decode, verification) graphs into the record; return their ids."""
+        ...
+
+    def close(self) -> None:
+        """Release what exporting holds (a model copy, a child process)."""
+        ...
 
 
 def get_pending_graph_id(model: str, length: int) -> str:
-    """Return the placeholder graph id of a verification graph not exported yet."""
-    return f"pending/{model}/{length}"
+    """Return the placeholder graph id of a verification graph no one here exports."""
+    return get_legacy_pending_id(model, length)
 
 
 def get_trace_id(inference_id: int) -> str:
@@ -46,26 +73,39 @@ class InferenceRecorder:
 
     With ``background=True`` the serving thread only enqueues the served inference (its data is
     immutable) and one writer thread does the hashing and the fsyncs; ``flush()`` waits for it and
-    ``close()`` stops it. ``write_s`` accumulates the writer's own time (benchmarks report both).
+    ``close()`` stops it. Graph exports always run on their own thread (``wait_for_graphs()``).
+    ``write_s`` / ``export_s`` accumulate the writer's and the exporter's own time.
     """
 
-    def __init__(self, record: WorkloadRecord, model: str, device: Device,
-                 export_graph: GraphExporter | None = None, background: bool = False) -> None:
+    def __init__(self, record: WorkloadRecord, model: str, device: Device, graphs: GraphSource | None = None,
+                 background: bool = False) -> None:
         self.record = record
         self.model = model
         self.device = device
-        self.export_graph = export_graph
-        self._lock = threading.Lock()
-        self._graphs: dict[int, str] = {}
+        self.graphs = graphs
+        self._lock = threading.Lock()  # one writer at a time
+        self._link_lock = threading.Lock()  # "is the key resolved?" + put_trace, atomic against a resolution
         self.failures = 0
         self.write_s = 0.0
+        self.export_failures = 0
+        self.export_s = 0.0
+        self.exported: list[str] = []  # pending ids this recorder resolved
+        self.exporting: str | None = None  # the pending id being exported now
         record.put_device(device)
         self._queue: queue.Queue[tuple[ServedInference, int, int] | None] | None = None
         self._worker: threading.Thread | None = None
+        self._exports: queue.Queue[GraphKey | None] = queue.Queue()
+        self._wanted: set[str] = set()
+        self._exporter: threading.Thread | None = None
+        self._abandon = False
         if background:
             self._queue = queue.Queue()
             self._worker = threading.Thread(target=self._drain, name="workload-recorder", daemon=True)
             self._worker.start()
+        if graphs is not None:
+            self._resume_exports(graphs)
+
+    # ---- threads ---------------------------------------------------------------------------------
 
     def _drain(self) -> None:
         assert self._queue is not None
@@ -78,25 +118,84 @@ class InferenceRecorder:
             finally:
                 self._queue.task_done()
 
+    def _resume_exports(self, graphs: GraphSource) -> None:
+        """Queue the requests a previous run recorded and never exported (resolved ones are re-used)."""
+        for pending_id, key in self.record.graph_requests():
+            if self.record.get_graph_resolution(pending_id) is None and graphs.is_own_key(key):
+                self._want(graph_key_from_json(key))
+
+    def _want(self, key: GraphKey) -> None:
+        with self._link_lock:
+            if key.pending_id in self._wanted:
+                return
+            self._wanted.add(key.pending_id)
+        if self._exporter is None:
+            self._exporter = threading.Thread(target=self._export_loop, name="workload-graph-export", daemon=True)
+            self._exporter.start()
+        self._exports.put(key)
+
+    def _export_loop(self) -> None:
+        while True:
+            key = self._exports.get()
+            try:
+                if key is None:
+                    return
+                self._export_logged(key)
+            finally:
+                self._exports.task_done()
+
+    def _export_logged(self, key: GraphKey) -> None:
+        assert self.graphs is not None
+        if self._abandon:
+            return
+        t0 = time.perf_counter()
+        self.exporting = key.pending_id
+        try:
+            if self.record.get_graph_resolution(key.pending_id) is not None:
+                return
+            decode_id, verification_id = self.graphs.export_graphs(key, self.record)
+            with self._link_lock:
+                self.record.resolve_graph_request(key.pending_id, decode_id, verification_id)
+            self.exported.append(key.pending_id)
+        except Exception as exc:  # a worker boundary: torch export raises many types; the request stays for a restart
+            self.export_failures += 1
+            log.error("exporting inference graphs failed", extra={"pending_id": key.pending_id, "error": repr(exc)})
+        finally:
+            self.exporting = None
+            self.export_s += time.perf_counter() - t0
+
     def flush(self) -> None:
         """Wait until every enqueued inference is written."""
         if self._queue is not None:
             self._queue.join()
 
-    def close(self) -> None:
-        """Write what is queued and stop the writer thread."""
+    def wait_for_graphs(self) -> None:
+        """Wait until every wanted graph pair is exported (or failed)."""
+        self.flush()
+        self._exports.join()
+
+    def close(self, finish_exports: bool = True) -> None:
+        """Write what is queued and stop the writer; finish the graph exports (or, if not, abandon them).
+
+        ``finish_exports=False`` (a server shutting down): queued keys are not exported and one in
+        progress is left to the daemon thread — the requests stay in the record and the next recorder
+        on it resumes them.
+        """
         if self._queue is not None and self._worker is not None:
             self._queue.put(None)
             self._worker.join()
             self._queue = self._worker = None
+        if self._exporter is not None:
+            if not finish_exports:
+                self._abandon = True
+            self._exports.put(None)
+            if finish_exports:
+                self._exporter.join()
+                if self.graphs is not None:
+                    self.graphs.close()
+            self._exporter = None
 
-    def get_graph_id(self, length: int) -> str:
-        """Return the verification graph id for a sequence length (exporting it once if enabled)."""
-        if self.export_graph is None:
-            return get_pending_graph_id(self.model, length)
-        if length not in self._graphs:
-            self._graphs[length] = self.export_graph(length)
-        return self._graphs[length]
+    # ---- recording -------------------------------------------------------------------------------
 
     def on_served(self, served: ServedInference, started_ns: int, ended_ns: int) -> str:
         """Record one served inference (or enqueue it); return its trace id ("" if recording failed).
@@ -126,7 +225,8 @@ class InferenceRecorder:
         gen = served.generation
         prompt = served.artifact.header.prompt_token_ids
         trace_id = get_trace_id(served.inference_id)
-        graph_id = self.get_graph_id(len(prompt) + max(len(gen.output_ids), 1) - 1)
+        length = len(prompt) + max(len(gen.output_ids), 1) - 1
+        key = None if self.graphs is None else self.graphs.get_graph_key(length)
         put = self.record.put_tensor
         put(np.asarray(prompt, np.int64), role="input", name="input_ids.prompt", event_id="generate",
             trace_id=trace_id)
@@ -142,12 +242,49 @@ class InferenceRecorder:
         events = (
             TraceEvent("generate", "step", f"generate {len(gen.output_ids)} tokens", self.device.device_id,
                        started_ns, ended_ns, attrs=(("finish_reason", gen.finish_reason),
-                                                    ("prompt_tokens", str(len(prompt))))),
+                                                    ("prompt_tokens", str(len(prompt))),
+                                                    ("fed_tokens", str(length)))),
             TraceEvent("commit", "commitment", "artifact root", self.device.device_id, ended_ns, max(done, ended_ns),
                        attrs=(("artifact_root", served.artifact.root.hex()),
                               ("output_hash", served.output_hash.hex()),
                               ("fingerprint_hash", served.fingerprint_hash.hex()))),
         )
-        self.record.put_trace(Trace(trace_id, graph_id, "inference", events))
+        if key is None:
+            self.record.put_trace(Trace(trace_id, get_pending_graph_id(self.model, length), "inference", events))
+            return trace_id
+        self.record.put_graph_request(key.pending_id, key.as_json())
+        with self._link_lock:  # a resolution between this check and put_trace would miss the trace's link
+            resolution = self.record.get_graph_resolution(key.pending_id)
+            graph_id = key.pending_id if resolution is None else resolution["verification_graph_id"]
+            self.record.put_trace(Trace(trace_id, graph_id, "inference", events))
+        if resolution is None:
+            self._want(key)
         log.debug("inference recorded", extra={"trace_id": trace_id, "graph_id": graph_id})
         return trace_id
+
+
+def open_executer_recorder(path: Path, files: ModelFiles, dtype: str, device: str,
+                           export_graphs: bool = True) -> InferenceRecorder:
+    """Return the executer's background recorder on the record at path, exporting graphs where it can.
+
+    Graphs are exported in a niced child process from its own CPU copy of the model (torch-mlir is
+    needed: where it is not installed, e.g. the vLLM environment, inferences are recorded with a
+    placeholder graph id and a verifier exports the graphs from its own copy).
+    """
+    graphs: GraphSource | None = None
+    if export_graphs:
+        try:
+            from node.workload.inference import ProcessGraphExporter
+        except ImportError as exc:
+            log.warning("inference graphs will not be exported here", extra={"error": str(exc)})
+        else:  # in a niced child process: an in-process export slowed generation several-fold
+            graphs = ProcessGraphExporter(files.path, files.spec.name, files.model_id.hex(), dtype)
+    return InferenceRecorder(WorkloadRecord.open(path), files.spec.name,
+                             Device("executer/0", "localhost", device, 0), graphs=graphs, background=True)
+
+
+def load_private_model(model_dir: Path, name: str, dtype: str) -> Any:
+    """Return a CPU copy of the model for exporting (never the engine's own module)."""
+    from node.engines.transformers_engine import TransformersEngine, TransformersOptions
+
+    return TransformersEngine(model_dir, name, TransformersOptions("cpu", dtype)).model

@@ -8,6 +8,8 @@ Layout of a record directory::
     tensor/<sha256>            {dtype, shape, size}: the content of one tensor blob
     ref/<trace>\\0<event>\\0<name>  TensorRef: a tensor's role and the event that emitted it
     graph/<graph id>           Graph without its MLIR text + ``mlir_sha256`` (the text is a blob)
+    gwant/<pending id>         a GraphKey whose graphs are to be exported (written when first needed)
+    gkey/<pending id>          {decode_graph_id, verification_graph_id}: the key resolved (written once)
     gtrace/<graph id>\\0<trace>  empty: graph → its traces (\\0 separates: ids may contain "/")
     trace/<id>                 Trace
     binding/<graph id>\\0<name>  Binding (edge → TensorRef)
@@ -184,9 +186,15 @@ class WorkloadRecord:
             raise UnknownObject(f"no {what} in the record", obj=display_key(key.split("/", 1)[1]))
         return value
 
-    def _scan(self, prefix: str) -> list[tuple[str, Any]]:
+    def _scan(self, prefix: str, after: str | None = None, limit: int | None = None) -> list[tuple[str, Any]]:
+        """Return (key, value) under prefix in key order; after: exclusive start suffix; limit: at most."""
         with self._lock:
-            items = list(self._db.iterator(prefix=prefix.encode()))
+            if self._db.closed:
+                raise WorkloadError("the record is closed", obj=str(self.root))
+            p = prefix.encode()
+            start = p if after is None else p + after.encode()
+            it = self._db.iterator(start=start, stop=p + b"\xff", include_start=after is None)
+            items = list(it if limit is None else (kv for kv, _ in zip(it, range(limit), strict=False)))
         return [(k.decode(), decode_entry(k.decode(), v)) for k, v in items]
 
     def _put_new(self, entries: dict[str, Any]) -> None:
@@ -297,6 +305,13 @@ class WorkloadRecord:
         })
         return ref
 
+    def get_tensor_size(self, sha: str) -> int:
+        """Return the recorded byte size of a tensor's blob (without reading the blob)."""
+        meta = self._require(f"tensor/{sha}", "tensor")
+        if not isinstance(meta.get("size"), int):
+            raise CorruptedEntry("tensor entry has no size", obj=f"tensor/{sha}")
+        return int(meta["size"])
+
     def get_tensor(self, ref_or_sha: TensorRef | str) -> np.ndarray[Any, Any]:
         """Return a tensor by reference or digest, re-verifying its digest on read."""
         sha = ref_or_sha.sha256 if isinstance(ref_or_sha, TensorRef) else ref_or_sha
@@ -319,6 +334,11 @@ class WorkloadRecord:
     def tensor_refs(self) -> list[TensorRef]:
         """Return every recorded tensor reference."""
         return [parse_entry(k, v, tensor_ref_from_json) for k, v in self._scan("ref/")]
+
+    def tensor_refs_of_trace(self, trace_id: str, after: str | None = None,
+                             limit: int | None = None) -> list[TensorRef]:
+        """Return one trace's tensor references in key order (after: exclusive "event\\0name" cursor)."""
+        return [parse_entry(k, v, tensor_ref_from_json) for k, v in self._scan(f"ref/{trace_id}\0", after, limit)]
 
     # ---- graphs ----------------------------------------------------------------------------------
 
@@ -360,9 +380,52 @@ class WorkloadRecord:
             raise CorruptedEntry("graph op list does not match its MLIR", obj=graph_id)
         return graph
 
-    def graph_entries(self) -> list[dict[str, Any]]:
-        """Return every graph's index entry."""
-        return [v for _, v in self._scan("graph/")]
+    def graph_entries(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Return graph index entries in id order (after: exclusive start id; limit: at most)."""
+        return [v for _, v in self._scan("graph/", after, limit)]
+
+    # ---- graph keys: pending exports and their resolution ------------------------------------------
+
+    def put_graph_request(self, pending_id: str, key: dict[str, Any]) -> None:
+        """Record that the graphs of a key are wanted (idempotent: the key's JSON is deterministic)."""
+        self._put_new({f"gwant/{pending_id}": key})
+
+    def graph_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """Return (pending id, key JSON) of every requested graph pair, resolved or not."""
+        return [(k[len("gwant/"):], v) for k, v in self._scan("gwant/")]
+
+    def get_graph_request(self, pending_id: str) -> dict[str, Any] | None:
+        """Return a requested key's JSON, or None."""
+        value: dict[str, Any] | None = self._get(f"gwant/{pending_id}")
+        return value
+
+    def resolve_graph_request(self, pending_id: str, decode_graph_id: str, verification_graph_id: str) -> None:
+        """Link a pending id to its exported graphs, and its traces to the verification graph (one batch)."""
+        verify = self.get_graph_entry(verification_graph_id)
+        self.get_graph_entry(decode_graph_id)
+        if verify.get("kind") != "verification" or verify.get("parent_id") != decode_graph_id:
+            raise InvalidObject("not a verification graph of that decode graph", obj=verification_graph_id)
+        entries: dict[str, Any] = {f"gkey/{pending_id}": {"decode_graph_id": decode_graph_id,
+                                                           "verification_graph_id": verification_graph_id}}
+        for trace_id in self.trace_ids_of_graph(pending_id):
+            entries[f"gtrace/{verification_graph_id}\0{trace_id}"] = {}
+        self._put_new(entries)
+
+    def get_graph_resolution(self, pending_id: str) -> dict[str, str] | None:
+        """Return {decode_graph_id, verification_graph_id} of a resolved pending id, or None."""
+        value = self._get(f"gkey/{pending_id}")
+        if value is None:
+            return None
+        if not isinstance(value.get("verification_graph_id"), str) or not isinstance(value.get("decode_graph_id"), str):
+            raise CorruptedEntry("graph key resolution has the wrong structure", obj=f"gkey/{pending_id}")
+        return {"decode_graph_id": value["decode_graph_id"], "verification_graph_id": value["verification_graph_id"]}
+
+    def resolve_graph_id(self, graph_id: str) -> str | None:
+        """Return the recorded graph an id names: itself, the verification graph of a resolved key, or None."""
+        if self._get(f"graph/{graph_id}") is not None:
+            return graph_id
+        resolution = self.get_graph_resolution(graph_id)
+        return None if resolution is None else resolution["verification_graph_id"]
 
     def put_compiled(self, graph_id: str, target: str, module: bytes) -> None:
         """Cache a compiled module for a recorded graph."""
@@ -412,10 +475,14 @@ class WorkloadRecord:
         """Return every recorded trace."""
         return [parse_entry(k, v, trace_from_json) for k, v in self._scan("trace/")]
 
-    def trace_ids_of_graph(self, graph_id: str) -> list[str]:
-        """Return the ids of the traces that executed a graph."""
+    def trace_ids(self, after: str | None = None, limit: int | None = None) -> list[str]:
+        """Return trace ids in order (after: exclusive start id; limit: at most)."""
+        return [k[len("trace/"):] for k, _ in self._scan("trace/", after, limit)]
+
+    def trace_ids_of_graph(self, graph_id: str, after: str | None = None, limit: int | None = None) -> list[str]:
+        """Return the ids of the traces that executed a graph (or name its pending key), in order."""
         prefix = f"gtrace/{graph_id}\0"
-        return [k[len(prefix):] for k, _ in self._scan(prefix)]
+        return [k[len(prefix):] for k, _ in self._scan(prefix, after, limit)]
 
 
 def binding_from_json(d: dict[str, Any]) -> Binding:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from node.cli_workload import workload_app
@@ -98,3 +100,47 @@ def test_slice_and_export_trace(record: tuple[Path, str], tmp_path: Path) -> Non
     events = json.loads(out_file.read_text())["traceEvents"]
     assert any(e["ph"] == "X" and e["dur"] == 1.0 for e in events)
     assert np.isfinite(len(events))
+
+
+def check(*args: str) -> tuple[int, str]:
+    """Invoke and return stdout alone (model loading writes progress bars to stderr)."""
+    result = runner.invoke(workload_app, list(args))
+    return result.exit_code, result.stdout
+
+
+def test_check_inference_exit_codes(tmp_path: Path, tiny: Any) -> None:
+    import copy
+
+    from node.calibrate.models import make_noisy_engine
+    from node.checks.fingerprint import FingerprintThresholds
+    from node.executer.service import ExecuterService
+    from node.protocol.prompt import compute_prompt_hash
+    from node.protocol.sampler import SamplingParams
+    from node.workload.inference import CausalLmGraphExporter
+    from node.workload.recorder import InferenceRecorder, get_trace_id
+
+    torch.set_num_threads(1)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    graphs = CausalLmGraphExporter(lambda: copy.deepcopy(tiny.engine.model), "tiny-llama",
+                                   tiny.files.model_id.hex(), "float32")
+    with WorkloadRecord.open(tmp_path / "prover") as rec:
+        recorder = InferenceRecorder(rec, "tiny-llama", Device("e", "e", "cpu", 0), graphs=graphs)
+        served = [ExecuterService(tiny.files, tiny.tokenizer, engine, FingerprintThresholds(2, 1.0, 1.0, 0),
+                                  recorder=recorder).infer(tiny.tokenizer.encode_chat(messages),
+                                                           compute_prompt_hash(tiny.files.model_id, messages=messages),
+                                                           SamplingParams(0.8, 0.95, 0, 6), seed, None, {})
+                  for seed, engine in ((5, tiny.engine), (6, make_noisy_engine(tiny.engine, 0.01, seed=1)))]
+        recorder.close()
+        assert recorder.failures == 0
+    common = ["--model", "tiny-llama", "--record", str(tmp_path / "prover"), "--cache", str(tmp_path / "verifier"),
+              "--json", "--max-logprob-error", "1e-4"]
+    code, out = check("check-inference", get_trace_id(served[0].inference_id), *common,
+                      "--root", served[0].artifact.root.hex())
+    assert code == 0 and json.loads(out)["reason"] == "OK" and json.loads(out)["graph_is_own_export"] is True
+    code, out = check("check-inference", get_trace_id(served[1].inference_id), *common)
+    assert code == 1 and json.loads(out)["reason"] in ("LOGPROB_DISTANCE", "CANDIDATE_MISMATCH")
+    code, _ = check("check-inference", get_trace_id(served[0].inference_id), *common,
+                    "--root", served[1].artifact.root.hex())
+    assert code == 2  # the record's artifact is not the one committed
+    code, _ = check("check-inference", "inference/0x00", *common)
+    assert code == 2

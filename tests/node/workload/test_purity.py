@@ -7,7 +7,7 @@ import pytest
 from tests.test_layering import IO_MODULES, imports_of
 
 ROOT = Path(__file__).resolve().parents[3]
-PURE = ("model", "chrome", "devices", "errors")
+PURE = ("model", "chrome", "devices", "errors", "graph_keys")
 ALLOWED_NODE = ("node.errors", "node.protocol", "node.workload.model", "node.workload.errors")
 
 

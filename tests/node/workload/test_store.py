@@ -185,3 +185,42 @@ def test_graph_text_and_bytecode_are_both_kept(record: WorkloadRecord, add_graph
     assert bytecode.startswith(b"ML\xefR")  # MLIR bytecode magic
     with ir.Context():
         assert "stablehlo.multiply" in str(ir.Module.parse(bytecode))
+
+
+def test_scans_page_by_cursor_without_reading_past_the_page(record: WorkloadRecord, add_graph: Graph) -> None:
+    gid = record.put_graph(add_graph)
+    for i in range(7):
+        record.put_trace(Trace(f"t/{i}", gid, "inference", ()))
+    record.put_trace(Trace("t/10", gid, "inference", ()))  # shares the prefix "t/1": cursors are exclusive keys
+    pages, after = [], None
+    while True:
+        page = record.trace_ids_of_graph(gid, after, 3)
+        pages.append(page)
+        if len(page) < 3:
+            break
+        after = page[-1]
+    assert pages == [["t/0", "t/1", "t/10"], ["t/2", "t/3", "t/4"], ["t/5", "t/6"]]
+    assert record.trace_ids(limit=2) == ["t/0", "t/1"]
+    for i in range(3):
+        record.put_tensor(np.full(2, i), role="input", name=f"x{i}", event_id="e", trace_id="t/1")
+    record.put_tensor(np.full(2, 9), role="input", name="x9", event_id="e", trace_id="t/10")
+    assert [r.name for r in record.tensor_refs_of_trace("t/1")] == ["x0", "x1", "x2"]  # not t/10's
+    assert [r.name for r in record.tensor_refs_of_trace("t/1", "e\0x0", 1)] == ["x1"]
+
+
+def test_a_pending_key_resolves_once_to_a_verification_graph(record: WorkloadRecord, add_graph: Graph) -> None:
+    gid = record.put_graph(add_graph)
+    record.put_graph_request("pending/m/float32/32/abc", {"length": 32})
+    record.put_graph_request("pending/m/float32/32/abc", {"length": 32})  # idempotent
+    record.put_trace(Trace("t/0", "pending/m/float32/32/abc", "inference", ()))
+    assert record.resolve_graph_id("pending/m/float32/32/abc") is None
+    with pytest.raises(WorkloadError, match="not a verification graph"):
+        record.resolve_graph_request("pending/m/float32/32/abc", gid, gid)  # a logical graph is refused
+    verify = Graph(kind="verification", name="v", mlir=add_graph.mlir, inputs=add_graph.inputs,
+                   outputs=add_graph.outputs, ops=add_graph.ops, parent_id=gid)
+    record.put_graph(verify)
+    record.resolve_graph_request("pending/m/float32/32/abc", gid, verify.graph_id)
+    assert record.resolve_graph_id("pending/m/float32/32/abc") == verify.graph_id
+    assert record.trace_ids_of_graph(verify.graph_id) == ["t/0"]
+    record.resolve_graph_request("pending/m/float32/32/abc", gid, verify.graph_id)  # the same again: a no-op
+    assert record.trace_ids_of_graph(verify.graph_id) == ["t/0"]
