@@ -260,8 +260,9 @@ def executer_serve(
     recorder = getattr(service.recorder, "record", None)  # serve the record read-only beside the API (keys needed)
     web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings, recorder), host=host,
                 port=port, print=None)
-    if service.recorder is not None:  # write what is queued; an export in progress is resumed at the next start
-        service.recorder.close(finish_exports=False)
+    close = getattr(service.recorder, "close", None)  # write what is queued; an export in progress resumes next start
+    if close is not None:
+        close(finish_exports=False)
 
 
 @executer_app.command("run")
