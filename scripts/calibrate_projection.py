@@ -58,6 +58,7 @@ ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "
 LENGTHS = (16, 32, 64)
 TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
 POOLED_SIGMAS = 6.0
+VALIDATOR = ["val"]  # "val": the fp32 validator's prefill; "bf16": a validator at the claimed precision
 DEFAULT_DIR = Path("/tmp/f19/runs")
 
 
@@ -154,9 +155,11 @@ def record(out: Path, prompts: int) -> None:
 
     def save(spec: RunSpec, ids: tuple[int, ...], gen: Any) -> None:
         pre = lab.validator.prefill(ids, gen.output_ids)
+        own = lab.honest.prefill(ids, gen.output_ids)  # a validator at the claimed precision (bf16 weights)
         np.savez(out / (spec.key.replace("/", "_") + ".npz"), exec_hidden=gen.hidden, exec_layers=gen.layers,
-                 val_hidden=pre.hidden, val_layers=pre.layers, prompt_rows=len(ids), key=spec.key, kind=spec.kind,
-                 name=spec.name)
+                 val_hidden=pre.hidden, val_layers=pre.layers, bf16_hidden=own.hidden, bf16_layers=own.layers,
+                 output_ids=np.array(gen.output_ids), prompt_ids=np.array(ids), prompt_rows=len(ids), key=spec.key,
+                 kind=spec.kind, name=spec.name)
         print(spec.key, file=sys.stderr, flush=True)
 
     def done(kind: str, name: str, i: int) -> bool:
@@ -201,7 +204,7 @@ def source_rows(run: Any, side: str, layer: str) -> np.ndarray:
 def toploc_caught(run: Any, rows: int) -> bool:
     """Return whether TOPLOC with the bf16 profile's thresholds rejects the run's first `rows` rows."""
     p = int(run["prompt_rows"])
-    ms = verify_fingerprint(run["val_hidden"][:rows], p, build_fingerprint(run["exec_hidden"][:rows], p))
+    ms = verify_fingerprint(run[f"{VALIDATOR[0]}_hidden"][:rows], p, build_fingerprint(run["exec_hidden"][:rows], p))
     return any(m.exponent_mismatches > TOPLOC_BF16["exp"] or m.mantissa_error_mean > TOPLOC_BF16["mant"]
                or m.sign_mismatches > TOPLOC_BF16["sign"] for m in ms)
 
@@ -215,7 +218,7 @@ def distance(run: Any, layers: tuple[str, ...], k: int, bits: int, tokens: int, 
     total = 0.0
     for j, layer in enumerate(layers):
         ex = source_rows(run, "exec", layer)[first:first + tokens]
-        va = source_rows(run, "val", layer)[first:first + tokens]
+        va = source_rows(run, VALIDATOR[0], layer)[first:first + tokens]
         matrix = compute_projection_matrix(compute_source_seed(seed, j), per, ex.shape[1])
         blob = compute_projected_fingerprint(ex, matrix, bits)
         codes = decode_projected_fingerprint(blob, rows, per, bits)
@@ -238,7 +241,7 @@ CONFIGS: list[tuple[tuple[str, ...], int, int]] = [
 def analyse(src: Path, out: Path) -> None:
     """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
     runs = [dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))]
-    result: dict[str, Any] = {"runs": len(runs), "configs": []}
+    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": []}
     toploc = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
         for n in LENGTHS:
@@ -286,6 +289,32 @@ def print_table(result: dict[str, Any]) -> None:
               + " | ".join(cells) + " |")
 
 
+def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any] | None:
+    """Return the config within `budget` bytes/token, with no held-out honest rejection at any length, that
+    catches the most held-out 0.1 % and 0.3 % noise runs at 64 tokens (ties: fewer bytes, fewer sources)."""
+    def fp(c: dict[str, Any]) -> int:
+        return sum(c["by_length"][n]["rates"][h]["held_out_rejected"][0] for n in c["by_length"] for h in HONEST)
+
+    def caught(c: dict[str, Any]) -> int:
+        return sum(c["by_length"]["64"]["rates"][a]["held_out_rejected"][0] for a in ("noise-0.1pct", "noise-0.3pct"))
+
+    ok = [c for c in result["configs"] if c["bytes_per_token"] <= budget and fp(c) == 0]
+    return max(ok, key=lambda c: (caught(c), -c["bytes_per_token"], -len(c["layers"])), default=None)
+
+
+def write_profile_section(path: Path, config: dict[str, Any], source: str) -> None:
+    """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds."""
+    by_length = {n: v["threshold"] for n, v in config["by_length"].items()}
+    text = path.read_text()
+    head = text.split("\n[projection]")[0].rstrip("\n")
+    lines = [f"# {source}: sources {config['layers']}, k {config['k']}, {config['bits']} bits "
+             f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half",
+             "[projection]", f"max_distance = {max(by_length.values())!r}", "",
+             "[projection.by_length]",
+             *[f'"{n}" = {t!r}' for n, t in sorted(by_length.items(), key=lambda x: int(x[0]))]]
+    path.write_text(head + "\n\n" + "\n".join(lines) + "\n")
+
+
 def main() -> None:
     """Parse arguments and run a phase."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -293,12 +322,21 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--out", type=Path, default=Path("bench-results/projection.json"))
+    parser.add_argument("--validator", choices=("fp32", "bf16"), default="fp32",
+                        help="which prefill the projections are compared with")
+    parser.add_argument("--profile", type=Path, default=None, help="write the chosen config's [projection] here")
     args = parser.parse_args()
+    VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
     if args.phase == "record":
         record(args.dir, args.prompts)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         analyse(args.dir, args.out)
+        chosen = choose_config(json.loads(args.out.read_text()))
+        shown = chosen and {k: chosen[k] for k in ("layers", "k", "bits")}
+        print(f"chosen (≤ 4 B/token, 0 held-out honest rejections, most noise caught at 64): {shown}")
+        if chosen is not None and args.profile is not None:
+            write_profile_section(args.profile, chosen, f"scripts/calibrate_projection.py over {args.dir}")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, CursorStore, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
 from node.checks.decision import Stage2Thresholds
+from node.checks.projection import ProjectionThresholds
 from node.engines.base import Engine
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
@@ -52,10 +53,17 @@ from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.executer.api import InferencePayload, decode_inference_payload
 from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
+from node.protocol.projection import KIND_PROJECTION
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
-from node.validator.verify import ChainFacts, decode_payload_artifact, find_payload_mismatch, verify_payload
+from node.validator.verify import (
+    NO_BLOCK_HASH,
+    ChainFacts,
+    decode_payload_artifact,
+    find_payload_mismatch,
+    verify_payload,
+)
 
 if TYPE_CHECKING:  # libp2p is the optional `p2p` extra: imported only when the node starts a host
     from node.p2p.host import P2PHost
@@ -78,6 +86,8 @@ class ModelSlot:
     engine: Engine
     thresholds: Stage2Thresholds
     lock: threading.Lock = field(default_factory=threading.Lock)
+    projection: ProjectionThresholds | None = None  # kind-1 fingerprints: the profile's [projection]
+    projection_engine: Engine | None = None  # kind-1: the model at its registered dtype, recording the layers
 
 
 class Metrics:
@@ -161,7 +171,8 @@ class Job:
         facts = ChainFacts(int(f["inference_id"]), int(f["user_seed"]), bytes.fromhex(f["model_id"]),
                            int(f["temperature_bits"]), int(f["top_p_bits"]), int(f["top_k"]), int(f["max_tokens"]),
                            bytes.fromhex(f["prompt_hash"]), bytes.fromhex(f["output_hash"]),
-                           bytes.fromhex(f["artifact_root"]), bytes.fromhex(f["fingerprint_hash"]))
+                           bytes.fromhex(f["artifact_root"]), bytes.fromhex(f["fingerprint_hash"]),
+                           bytes.fromhex(f.get("projection_block_hash", NO_BLOCK_HASH.hex())))
         return cls(facts, str(value["operator"]))
 
     def commitment(self) -> Commitment:
@@ -375,7 +386,7 @@ class ValidatorNode:
                 self.store.put_record("request", int(args["inferenceId"]), {
                     "user_seed": int(args["userSeed"]), "model_id": Web3.to_hex(args["modelId"]),
                     "prompt_hash": Web3.to_hex(args["promptHash"]), "operator": str(args["operator"]),
-                    "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens]})
+                    "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens], "block": e.block_number})
             elif e.name == "InferenceCommitted":
                 iid = int(args["inferenceId"])
                 commitment = Commitment(bytes(args["outputHash"]), bytes(args["artifactRoot"]),
@@ -396,8 +407,19 @@ class ValidatorNode:
         t, p, k, m = request["params"]
         facts = ChainFacts(inference_id, request["user_seed"], bytes.fromhex(request["model_id"][2:]), t, p, k, m,
                            bytes.fromhex(request["prompt_hash"][2:]), bytes(args["outputHash"]),
-                           bytes(args["artifactRoot"]), bytes(args["fingerprintHash"]))
+                           bytes(args["artifactRoot"]), bytes(args["fingerprintHash"]),
+                           self._projection_block_hash(request))
         return Job(facts, request["operator"])
+
+    def _projection_block_hash(self, request: dict[str, Any]) -> bytes:
+        """Return the hash of the block after the request's (kind-1 projection seeds), for a model that accepts kind 1.
+
+        The commit that triggers the job is confirmed and mined after the request, so that block exists.
+        """
+        slot = self.models.get(bytes.fromhex(request["model_id"][2:]))
+        if slot is None or KIND_PROJECTION not in slot.files.spec.fingerprint_kinds or "block" not in request:
+            return NO_BLOCK_HASH
+        return bytes(self.hub.w3.eth.get_block(int(request["block"]) + 1)["hash"])
 
     def _remember_commitment(self, inference_id: int, commitment: Commitment) -> None:
         """Keep our own record of an inference's commitment (the only one a submission uses)."""
@@ -540,7 +562,8 @@ class ValidatorNode:
     def _verify_locked(self, slot: ModelSlot, payload: InferencePayload, facts: ChainFacts) -> Any:
         with slot.lock:
             return verify_payload(payload, slot.files, slot.tokenizer, slot.engine, slot.thresholds, facts,
-                                  decision_only=True)
+                                  decision_only=True, projection=slot.projection,
+                                  projection_engine=slot.projection_engine)
 
     async def _fetch(self, session: aiohttp.ClientSession, job: Job) -> tuple[InferencePayload | None, Reason]:
         """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why after the retries.

@@ -127,11 +127,15 @@ def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reaso
 
 def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
                    thresholds: Stage2Thresholds, facts: ChainFacts | None = None,
-                   decision_only: bool = False, projection: ProjectionThresholds | None = None) -> VerificationReport:
+                   decision_only: bool = False, projection: ProjectionThresholds | None = None,
+                   projection_engine: Engine | None = None) -> VerificationReport:
     """Return the verification report of one payload on the claimed model (against the chain's facts if given).
 
     With `decision_only` (the daemon) and a profile that decides on the weight error alone, only the
-    decided signals are measured; `verinfer verify` measures everything.
+    decided signals are measured; `verinfer verify` measures everything. A kind-1 fingerprint is
+    compared with `projection_engine`'s prefill where given (the model at its registered dtype, recording
+    the projection's decoder layers: calibration measured bf16 honest noise against a bf16 validator far
+    below that against fp32), else with the main prefill.
     """
     try:
         art = decode_payload_artifact(payload)
@@ -162,7 +166,9 @@ def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: Mode
     projected: ProjectionMeasurement | None = None
     try:
         if kind == KIND_PROJECTION:
-            projected = measure_projection(b"".join(proofs), files, engine, prefill, len(prompt_ids),
+            own, own_engine = (prefill, engine) if projection_engine is None else \
+                (projection_engine.prefill(prompt_ids, output_ids), projection_engine)
+            projected = measure_projection(b"".join(proofs), files, own_engine, own, len(prompt_ids),
                                            compute_projection_seed(h.run_seed, NO_BLOCK_HASH if facts is None
                                                                    else facts.projection_block_hash))
             fingerprint: tuple[ChunkMeasurement, ...] = ()

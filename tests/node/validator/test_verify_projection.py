@@ -58,6 +58,10 @@ class HiddenFrom:
     def vocab_size(self):
         return self.honest.vocab_size
 
+    @property
+    def options(self):
+        return self.honest.options
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         out = []
         for r, g in zip(requests, self.honest.generate(requests), strict=True):
@@ -148,7 +152,7 @@ def test_decoder_layer_sources_need_an_engine_that_records_them(tiny):
     files = registered(tiny, config)
     recording = copy.copy(tiny.engine)
     recording.options = TransformersOptions(record_layers=(1,))
-    p, served = payload(files, tiny, engine=recording)
+    p, _ = payload(files, tiny, engine=recording)
     report = verify_payload(p, files, tiny.tokenizer, recording, T, projection=P)
     assert report.valid, report
     assert report.projection is not None and len(report.projection.source_distances) == 2
@@ -161,3 +165,17 @@ def test_kind_1_without_calibrated_thresholds_is_fatal(tiny):
     p, _ = payload(files, tiny)
     with pytest.raises(FatalError):
         verify_payload(p, files, tiny.tokenizer, tiny.engine, T)
+
+
+def test_a_separate_projection_engine_supplies_the_layers(tiny):
+    config = ProjectionConfig(layers=(1,), k=4, bits=8)
+    files = registered(tiny, config)
+    recording = copy.copy(tiny.engine)
+    recording.options = TransformersOptions(record_layers=(1,))
+    p, _ = payload(files, tiny, engine=recording)
+    report = verify_payload(p, files, tiny.tokenizer, tiny.engine, T, projection=P, projection_engine=recording)
+    assert report.valid, report
+    noisy = make_noisy_engine(recording, 0.05, seed=3)
+    p, _ = payload(files, tiny, engine=HiddenFrom(recording, noisy))
+    report = verify_payload(p, files, tiny.tokenizer, tiny.engine, T, projection=P, projection_engine=recording)
+    assert report.reason is Reason.FINGERPRINT_PROJECTION_DISTANCE
