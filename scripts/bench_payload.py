@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import zstandard
 from rich.console import Console
@@ -31,7 +32,7 @@ from rich.table import Table
 from node.engines.base import GenerationRequest
 from node.engines.models import get_model_spec, materialise_model
 from node.engines.tokenizer import ModelTokenizer
-from node.engines.transformers_engine import TransformersEngine
+from node.engines.transformers_engine import TransformersEngine, TransformersOptions
 from node.protocol.artifact import (
     Artifact,
     ArtifactHeader,
@@ -47,9 +48,11 @@ from node.protocol.seed import run_seed
 
 MODEL = "smollm2-135m-instruct"
 # kind-1 configurations measured: name → (sources, k, bits); "last" is the last hidden state
-PROJECTIONS = {"v2 last 16×2b": ProjectionSpec((LAST_HIDDEN,), 16, 2),
+PROJECTIONS = {"v2 layer 7 4×8b": ProjectionSpec((7,), 4, 8),  # the configuration registered (calibration)
+               "v2 last 16×2b": ProjectionSpec((LAST_HIDDEN,), 16, 2),
                "v2 last 32×1b": ProjectionSpec((LAST_HIDDEN,), 32, 1),
                "v2 last 8×4b": ProjectionSpec((LAST_HIDDEN,), 8, 4)}
+RECORDED = (7,)  # decoder layers the engine records for the projections above
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 GOAL_BYTES_PER_TOKEN = 48  # compressed, at 256 tokens
 
@@ -74,7 +77,9 @@ def measure(engine: TransformersEngine, model_id: bytes, prompt: tuple[int, ...]
     seed = compute_projection_seed(request.run_seed, bytes(32))
     projections = {}
     for name, spec in PROJECTIONS.items():
-        blob = build_projection_blob([gen.hidden[len(prompt) - 1:]], spec, seed)
+        layers = gen.layers if gen.layers is not None else np.zeros((0, 0, 0), dtype=np.float32)
+        sources = [gen.hidden if s == LAST_HIDDEN else layers[RECORDED.index(s)] for s in spec.layers]
+        blob = build_projection_blob([rows[len(prompt) - 1:] for rows in sources], spec, seed)
         packed = len(zstandard.ZstdCompressor(level=19).compress(blob))
         projections[name] = {"raw": len(blob) / n, "zstd": packed / n, "wire_v2": (v2 + min(len(blob), packed)) / n}
     return {"tokens": n, "prompt_tokens": len(prompt), "generate_s": generate_s, "encode_v2_ms": encode_v2_ms,
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = materialise_model(get_model_spec(MODEL))
     prompt = ModelTokenizer(files.path, True).encode_chat([{"role": "user", "content": PROMPT}])
-    engine = TransformersEngine(files.path, MODEL)
+    engine = TransformersEngine(files.path, MODEL, TransformersOptions(record_layers=RECORDED))
     rows = [measure(engine, files.model_id, prompt, n) for n in args.tokens]
     table = Table(title=f"{MODEL}: payload bytes per generated token (K 5, prompt {len(prompt)} tokens amortised)")
     for col in ("tokens", "raw", "wire v1 (zstd 3)", "wire v2 (columns, zstd 19)", "of which fingerprint",

@@ -55,6 +55,7 @@ LAYERS = (7, 14, 21, 28)  # decoder layers recorded besides the last hidden stat
 FIT_SKIPPED = (26, 27, 28, 29)
 HONEST = ("threads2", "threads1", "nocache", "batch4")
 ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1")
+REPORTED = (*ATTACKS, "int8-fitted")
 LENGTHS = (16, 32, 64)
 TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
 POOLED_SIGMAS = 6.0
@@ -233,14 +234,42 @@ def pooled_threshold(values: list[float]) -> float:
 
 CONFIGS: list[tuple[tuple[str, ...], int, int]] = [
     (layers, k, bits)
-    for layers in (("last",), ("28",), ("21",), ("14",), ("7",), ("21", "last"), ("14", "last"), ("14", "28"))
+    for layers in (("last",), ("28",), ("21",), ("14",), ("7",), ("7", "last"), ("7", "28"), ("14", "last"))
     for k, bits in ((4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4), (32, 2), (16, 8), (32, 4), (32, 8))
 ]
 
 
+FIT_PUBLIC = range(0, 6)  # int8-fitted: the prompts whose real activations the attacker fits on (then left out)
+
+
+def add_fitted_attack(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return runs plus "int8-fitted": the int8 cheater's rows (last hidden state and every recorded layer)
+    corrected by an affine map fitted, on public prompts FIT_PUBLIC, to the real model's rows on the same
+    text (the attack that knows the fingerprint and fits a cheaper model to it); the fit prompts are dropped."""
+    int8 = [r for r in runs if str(r["name"]) == "int8"]
+    public = [r for r in int8 if int(str(r["key"]).rsplit("/", 1)[1]) in FIT_PUBLIC]
+    maps = {"hidden": _ridge(np.concatenate([r["exec_hidden"] for r in public]),
+                             np.concatenate([r["bf16_hidden"] for r in public]))}
+    for j in range(len(LAYERS)):
+        maps[j] = _ridge(np.concatenate([r["exec_layers"][j] for r in public]),
+                         np.concatenate([r["bf16_layers"][j] for r in public]))
+
+    def correct(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return (x.astype(np.float64) @ w[:-1] + w[-1]).astype(np.float32)
+
+    fitted = []
+    for r in int8:
+        if any(r is q for q in public):
+            continue
+        layers = np.stack([correct(r["exec_layers"][j], maps[j]) for j in range(len(LAYERS))])
+        fitted.append({**r, "exec_hidden": correct(r["exec_hidden"], maps["hidden"]), "exec_layers": layers,
+                       "name": "int8-fitted", "key": str(r["key"]).replace("int8", "int8-fitted")})
+    return runs + fitted
+
+
 def analyse(src: Path, out: Path) -> None:
     """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
-    runs = [dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))]
+    runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
     result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": []}
     toploc = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
@@ -259,7 +288,7 @@ def analyse(src: Path, out: Path) -> None:
             thr = pooled_threshold(cal)
             honest_max = max(v for _, kind, _, v in d if kind == "honest")
             rates = {}
-            for name in (*HONEST, *ATTACKS):
+            for name in (*HONEST, *REPORTED):
                 held = [v for key, _, nm, v in d if nm == name and not is_calibration_split(key)]
                 every = [v for _, _, nm, v in d if nm == name]
                 rates[name] = {"held_out_rejected": [sum(v > thr for v in held), len(held)],
@@ -273,7 +302,7 @@ def analyse(src: Path, out: Path) -> None:
 
 def print_table(result: dict[str, Any]) -> None:
     """Print detection at 64 tokens per config: held-out (calibrated threshold) and all runs (over honest max)."""
-    names = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1")
+    names = REPORTED
     print("| fingerprint | B/token | honest FP (held-out) | " + " | ".join(names) + " |")
     print("|---|---:|---:|" + "---:|" * len(names))
     t = result["toploc"]["64"]

@@ -78,7 +78,8 @@ class ModelSpec(BaseModel):
     stop_token_ids: tuple[int, ...] = Field(min_length=1, max_length=8)
     chat: bool = True
     profile: str
-    # Fingerprint kinds an executer may commit for this model: 0 TOPLOC (v1), 1 projection (v2, needs `projection`).
+    # Fingerprint kinds an executer may commit for this model: 0 TOPLOC (v1), 1 projection (v2, needs `projection`);
+    # in preference order: executers commit the first, validators accept any listed.
     fingerprint_kinds: tuple[int, ...] = Field((KIND_TOPLOC,), min_length=1, max_length=2)
     projection: ProjectionConfig | None = None
 

@@ -33,7 +33,6 @@ from node.protocol.fingerprint import (
 )
 from node.protocol.projection import (
     KIND_PROJECTION,
-    KIND_TOPLOC,
     build_projection_blob,
     compute_projection_seed,
     split_pieces,
@@ -149,13 +148,13 @@ class ExecuterService:
 
     @property
     def fingerprint_kind(self) -> int:
-        """Return the kind this executer commits: projection (v2) where the model is registered for it, else TOPLOC."""
-        return KIND_PROJECTION if KIND_PROJECTION in self.files.spec.fingerprint_kinds else KIND_TOPLOC
+        """Return the kind this executer commits: the model's first registered kind (in preference order)."""
+        return self.files.spec.fingerprint_kinds[0]
 
     def build_fingerprint(self, gen: Generation, prompt_rows: int, projection_seed: bytes) -> list[bytes]:
         """Return the fingerprint pieces of a generation in this executer's kind (their concatenation is the blob)."""
         config = self.files.spec.projection
-        if self.fingerprint_kind == KIND_TOPLOC or config is None:
+        if self.fingerprint_kind != KIND_PROJECTION or config is None:
             return build_fingerprint(gen.hidden, prompt_rows)
         recorded = getattr(getattr(self.engine, "options", None), "record_layers", ())
         rows = select_projection_rows(gen.hidden, gen.layers, tuple(recorded), config.spec(), prompt_rows)

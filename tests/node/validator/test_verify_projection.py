@@ -38,7 +38,7 @@ P = ProjectionThresholds(1e-3)
 LAST = ProjectionConfig(layers=("last",), k=16, bits=2)
 
 
-def registered(tiny, config=LAST, kinds=(0, 1)):
+def registered(tiny, config=LAST, kinds=(1, 0)):
     spec = tiny.files.spec.model_copy(update={"fingerprint_kinds": kinds, "projection": config})
     return replace(tiny.files, spec=spec)
 
@@ -99,6 +99,11 @@ def test_a_model_registered_for_v1_only_refuses_kind_1(tiny):
     p, _ = payload(registered(tiny), tiny)
     report = verify_payload(p, tiny.files, tiny.tokenizer, tiny.engine, T, projection=P)
     assert report.reason is Reason.FINGERPRINT_KIND_NOT_REGISTERED and report.measurements is None
+
+
+def test_the_first_registered_kind_is_the_one_committed(tiny):
+    _, served = payload(registered(tiny, kinds=(0, 1)), tiny)
+    assert compute_fingerprint_kind(b"".join(served.fingerprint)) == 0
 
 
 def test_a_model_registered_for_v2_only_refuses_toploc(tiny):
