@@ -344,10 +344,32 @@ def write_profile_section(path: Path, config: dict[str, Any], source: str) -> No
     path.write_text(head + "\n\n" + "\n".join(lines) + "\n")
 
 
+def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path) -> None:
+    """Write a strip plot of one config's 64-token distances per group (honest variants, attacks)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
+    groups = ("threads2", "threads1", "nocache", "batch4", "noise-0.1pct", "noise-0.3pct", "noise-1pct")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for j, name in enumerate(groups):
+        values = [distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode())) for r in runs
+                  if str(r["name"]) == name]
+        ax.scatter([j] * len(values), values, s=12, color="tab:blue" if j < 4 else "tab:red")
+    ax.set_xticks(range(len(groups)), groups, rotation=30)
+    ax.set_ylabel("projection distance (64 tokens)")
+    ax.set_yscale("log")
+    ax.set_title(f"layer(s) {'+'.join(layers)}, k {k}, {bits} bits, validator {VALIDATOR[0]}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
 def main() -> None:
     """Parse arguments and run a phase."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=("record", "analyse"))
+    parser.add_argument("phase", choices=("record", "analyse", "plot"))
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--out", type=Path, default=Path("bench-results/projection.json"))
@@ -358,6 +380,8 @@ def main() -> None:
     VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
     if args.phase == "record":
         record(args.dir, args.prompts)
+    elif args.phase == "plot":
+        plot_config(args.dir, ("7",), 4, 8, args.out)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         analyse(args.dir, args.out)
