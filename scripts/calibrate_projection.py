@@ -157,8 +157,10 @@ def record(out: Path, prompts: int) -> None:
     def save(spec: RunSpec, ids: tuple[int, ...], gen: Any) -> None:
         pre = lab.validator.prefill(ids, gen.output_ids)
         own = lab.honest.prefill(ids, gen.output_ids)  # a validator at the claimed precision (bf16 weights)
-        np.savez(out / (spec.key.replace("/", "_") + ".npz"), exec_hidden=gen.hidden, exec_layers=gen.layers,
-                 val_hidden=pre.hidden, val_layers=pre.layers, bf16_hidden=own.hidden, bf16_layers=own.layers,
+        path = out / (spec.key.replace("/", "_") + ".npz")
+        np.savez(path, exec_hidden=gen.hidden, exec_layers=np.asarray(gen.layers),
+                 val_hidden=pre.hidden, val_layers=np.asarray(pre.layers), bf16_hidden=own.hidden,
+                 bf16_layers=np.asarray(own.layers),
                  output_ids=np.array(gen.output_ids), prompt_ids=np.array(ids), prompt_rows=len(ids), key=spec.key,
                  kind=spec.kind, name=spec.name)
         print(spec.key, file=sys.stderr, flush=True)
@@ -199,7 +201,7 @@ def source_rows(run: Any, side: str, layer: str) -> np.ndarray:
     """Return one side's rows of a source: 'last' (the last hidden state) or a recorded layer number."""
     if layer == "last":
         return np.asarray(run[f"{side}_hidden"])
-    return np.asarray(run[f"{side}_layers"])[LAYERS.index(int(layer))]
+    return np.asarray(np.asarray(run[f"{side}_layers"])[LAYERS.index(int(layer))])
 
 
 def toploc_caught(run: Any, rows: int) -> bool:
@@ -248,14 +250,14 @@ def add_fitted_attack(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     text (the attack that knows the fingerprint and fits a cheaper model to it); the fit prompts are dropped."""
     int8 = [r for r in runs if str(r["name"]) == "int8"]
     public = [r for r in int8 if int(str(r["key"]).rsplit("/", 1)[1]) in FIT_PUBLIC]
-    maps = {"hidden": _ridge(np.concatenate([r["exec_hidden"] for r in public]),
+    maps: dict[str | int, np.ndarray] = {"hidden": _ridge(np.concatenate([r["exec_hidden"] for r in public]),
                              np.concatenate([r["bf16_hidden"] for r in public]))}
     for j in range(len(LAYERS)):
         maps[j] = _ridge(np.concatenate([r["exec_layers"][j] for r in public]),
                          np.concatenate([r["bf16_layers"][j] for r in public]))
 
     def correct(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return (x.astype(np.float64) @ w[:-1] + w[-1]).astype(np.float32)
+        return np.asarray((x.astype(np.float64) @ w[:-1] + w[-1]).astype(np.float32))
 
     fitted = []
     for r in int8:
@@ -271,7 +273,7 @@ def analyse(src: Path, out: Path) -> None:
     """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
     runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
     result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": []}
-    toploc = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
+    toploc: dict[str, dict[str, list[bool]]] = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
         for n in LENGTHS:
             toploc[str(n)][str(r["name"])].append(toploc_caught(r, int(r["prompt_rows"]) + n - 1))

@@ -33,7 +33,7 @@ SPECS = (ProjectionSpec((LAST_HIDDEN,), 16, 2), ProjectionSpec((LAST_HIDDEN,), 3
 def make_rows(rows: int, hidden: int, phase: float) -> np.ndarray:
     """Return deterministic float32 hidden rows (no RNG: a closed form any language can reproduce)."""
     i, j = np.meshgrid(np.arange(rows), np.arange(hidden), indexing="ij")
-    return (np.sin(0.37 * i + 0.11 * j + phase) * (1 + (j % 7 == 0) * 9)).astype(np.float32)
+    return np.asarray((np.sin(0.37 * i + 0.11 * j + phase) * (1 + (j % 7 == 0) * 9)).astype(np.float32))
 
 
 def build_vectors() -> dict[str, Any]:
