@@ -298,7 +298,7 @@ def analyse(src: Path, out: Path) -> None:
                                "mean": statistics.fmean(every) if every else None}
             entry["by_length"][str(n)] = {"threshold": thr, "honest_max": honest_max, "rates": rates}
         result["configs"].append(entry)
-    out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     print_table(result)
 
 
