@@ -194,7 +194,7 @@ def verify(
 
     from node.engines.models import get_model_spec, materialise_model
     from node.engines.tokenizer import ModelTokenizer
-    from node.engines.transformers_engine import TransformersEngine
+    from node.engines.transformers_engine import TransformersEngine, TransformersOptions
     from node.executer.api import InferencePayload
     from node.profiles import load_profile
     from node.validator.verify import verify_payload
@@ -208,7 +208,11 @@ def verify(
     files = materialise_model(spec)
     _, profile = load_profile(spec)
     engine = TransformersEngine(files.path, spec.name)
-    report = verify_payload(data, files, ModelTokenizer(files.path, spec.chat), engine, profile.stage2_thresholds())
+    # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (protocol.md §12)
+    projection_engine = None if spec.projection is None else TransformersEngine(
+        files.path, spec.name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
+    report = verify_payload(data, files, ModelTokenizer(files.path, spec.chat), engine, profile.stage2_thresholds(),
+                            projection=profile.projection_thresholds(), projection_engine=projection_engine)
     scores = report.measurements.as_dict() if report.measurements else {}
     if as_json:
         console.print_json(json.dumps({"valid": report.valid, "reason": report.reason.name,

@@ -81,9 +81,13 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
         spec = get_model_spec(name)
         files = materialise_model(spec)
         _, profile = load_profile(spec)
+        # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (§12)
+        projection_engine = None if spec.projection is None else TransformersEngine(
+            files.path, name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
         slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat),
                                           TransformersEngine(files.path, name, TransformersOptions()),
-                                          profile.stage2_thresholds())
+                                          profile.stage2_thresholds(), projection=profile.projection_thresholds(),
+                                          projection_engine=projection_engine)
     hub = Hub(Web3(Web3.HTTPProvider(cfg.rpc_url)), cfg.contract)
 
     async def main(stop: asyncio.Event) -> None:

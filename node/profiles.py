@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node.checks.decision import Stage2Thresholds
 from node.checks.fingerprint import FingerprintThresholds
+from node.checks.projection import ProjectionThresholds
 from node.engines.models import REPO_ROOT, ModelSpec
 from node.errors import FatalError, Reason
 
@@ -63,6 +64,23 @@ class Stage2Section(BaseModel):
         return value
 
 
+class ProjectionSection(BaseModel):
+    """Projection-fingerprint (kind 1) thresholds: calibrated by scripts/calibrate_projection.py."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_distance: float = Field(gt=0)
+    by_length: dict[int, float] = Field(default_factory=dict)  # min generated positions → threshold
+
+    @field_validator("by_length")
+    @classmethod
+    def _positive(cls, value: dict[int, float]) -> dict[int, float]:
+        """Check that lengths are at least 1 and thresholds positive."""
+        if any(n < 1 or t <= 0 for n, t in value.items()):
+            raise ValueError("by_length: lengths must be >= 1 and thresholds > 0")
+        return value
+
+
 class ModelProfile(BaseModel):
     """A whole profile file: fingerprint thresholds, and stage 2's once calibrated."""
 
@@ -71,6 +89,13 @@ class ModelProfile(BaseModel):
     meta: ProfileMeta
     fingerprint: FingerprintSection
     stage2: Stage2Section | None = None
+    projection: ProjectionSection | None = None
+
+    def projection_thresholds(self) -> ProjectionThresholds | None:
+        """Return the projection-fingerprint thresholds, or None if this profile has none (kind 1 not calibrated)."""
+        if self.projection is None:
+            return None
+        return ProjectionThresholds(self.projection.max_distance, dict(self.projection.by_length))
 
     def fingerprint_thresholds(self) -> FingerprintThresholds:
         """Return the fingerprint thresholds for the decision."""

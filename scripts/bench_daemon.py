@@ -116,9 +116,10 @@ def main() -> None:
         checks = [prepare_verification(payload, files, tokenizer, facts) for _ in range(b)]
         ready = [c for c in checks if isinstance(c, PreparedCheck)]
         prefills = prefill_many(engine, [(c.prompt_ids, c.output_ids) for c in ready])
-        assert all(finish_verification(c, p, thresholds, True).valid for c, p in zip(ready, prefills, strict=True))
+        assert all(finish_verification(c, p, thresholds, files, engine, True).valid
+                   for c, p in zip(ready, prefills, strict=True))
 
-    per_hour_per_core = {b: 3600 * b / timed(lambda b=b: batched(b), args.repeats) / args.threads  # type: ignore[misc]
+    per_hour_per_core = {b: 3600 * b / timed(lambda b=b: batched(b), args.repeats) / args.threads
                          for b in args.batches}
     best = max(per_hour_per_core, key=lambda b: per_hour_per_core[b])
     results = {"tokens": n, "prompt_tokens": len(prompt_ids), "threads": args.threads,

@@ -7,8 +7,10 @@ and the TOPLOC fingerprint, and reports, per generated token (header and prompt 
   wire v1       the v1 artifact frame (zstd level 3 of header ‖ leaves) + fingerprint chunks
   wire v2       the v2 artifact frame (columns, zstd level 19) + fingerprint chunks
 The fingerprint chunks (258 bytes per 32 tokens, polynomial coefficients) do not compress: they are
-counted raw. The JSON payload of the HTTP/libp2p exchange base64-encodes both (+33 %); the binary sizes
-are the floor the table holds to (goal: ≤ 48 B/token at 256 tokens, compressed).
+counted raw. Beside TOPLOC (kind 0) the table shows the projection fingerprint (kind 1, protocol v2) in
+the configurations of PROJECTIONS: its blob raw and zstd-19, and the whole payload with it (wire v2).
+The JSON payload of the HTTP/libp2p exchange base64-encodes both (+33 %); the binary sizes are the floor
+the table holds to (goal: ≤ 48 B/token at 256 tokens, compressed).
 Usage: python scripts/bench_payload.py [--tokens 64 256 4096] [--out FILE]
 """
 
@@ -21,14 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import zstandard
 from rich.console import Console
 from rich.table import Table
 
 from node.engines.base import GenerationRequest
 from node.engines.models import get_model_spec, materialise_model
 from node.engines.tokenizer import ModelTokenizer
-from node.engines.transformers_engine import TransformersEngine
+from node.engines.transformers_engine import TransformersEngine, TransformersOptions
 from node.protocol.artifact import (
     Artifact,
     ArtifactHeader,
@@ -38,10 +42,17 @@ from node.protocol.artifact import (
     positions_from_samples,
 )
 from node.protocol.fingerprint import build_fingerprint
+from node.protocol.projection import LAST_HIDDEN, ProjectionSpec, build_projection_blob, compute_projection_seed
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
 
 MODEL = "smollm2-135m-instruct"
+# kind-1 configurations measured: name → (sources, k, bits); "last" is the last hidden state
+PROJECTIONS = {"v2 layer 7 4×8b": ProjectionSpec((7,), 4, 8),  # the configuration registered (calibration)
+               "v2 last 16×2b": ProjectionSpec((LAST_HIDDEN,), 16, 2),
+               "v2 last 32×1b": ProjectionSpec((LAST_HIDDEN,), 32, 1),
+               "v2 last 8×4b": ProjectionSpec((LAST_HIDDEN,), 8, 4)}
+RECORDED = (7,)  # decoder layers the engine records for the projections above
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 GOAL_BYTES_PER_TOKEN = 48  # compressed, at 256 tokens
 
@@ -63,12 +74,21 @@ def measure(engine: TransformersEngine, model_id: bytes, prompt: tuple[int, ...]
     encode_v2_ms = (time.perf_counter() - started) * 1e3
     sizes = {"header": len(encode_header(header)), "leaves": len(encode_leaves(art.positions)),
              "fingerprint": fingerprint, "wire_v1": len(encode_artifact_wire(art, version=1)), "wire_v2": v2}
+    seed = compute_projection_seed(request.run_seed, bytes(32))
+    projections = {}
+    for name, spec in PROJECTIONS.items():
+        layers = gen.layers if gen.layers is not None else np.zeros((0, 0, 0), dtype=np.float32)
+        sources = [gen.hidden if s == LAST_HIDDEN else layers[RECORDED.index(s)] for s in spec.layers]
+        blob = build_projection_blob([rows[len(prompt) - 1:] for rows in sources], spec, seed)
+        packed = len(zstandard.ZstdCompressor(level=19).compress(blob))
+        projections[name] = {"raw": len(blob) / n, "zstd": packed / n, "wire_v2": (v2 + min(len(blob), packed)) / n}
     return {"tokens": n, "prompt_tokens": len(prompt), "generate_s": generate_s, "encode_v2_ms": encode_v2_ms,
             "bytes": sizes,
             "per_token": {"raw": (sizes["header"] + sizes["leaves"] + fingerprint) / n,
                           "wire_v1": (sizes["wire_v1"] + fingerprint) / n,
                           "wire_v2": (v2 + fingerprint) / n,
-                          "fingerprint": fingerprint / n}}
+                          "fingerprint": fingerprint / n},
+            "projection_per_token": projections}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = materialise_model(get_model_spec(MODEL))
     prompt = ModelTokenizer(files.path, True).encode_chat([{"role": "user", "content": PROMPT}])
-    engine = TransformersEngine(files.path, MODEL)
+    engine = TransformersEngine(files.path, MODEL, TransformersOptions(record_layers=RECORDED))
     rows = [measure(engine, files.model_id, prompt, n) for n in args.tokens]
     table = Table(title=f"{MODEL}: payload bytes per generated token (K 5, prompt {len(prompt)} tokens amortised)")
     for col in ("tokens", "raw", "wire v1 (zstd 3)", "wire v2 (columns, zstd 19)", "of which fingerprint",
@@ -91,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t['fingerprint']:.1f}", f"{t['wire_v2'] / t['wire_v1']:.3f}", f"{r['encode_v2_ms']:.1f}")
     console = Console(width=140)
     console.print(table)
+    kinds = Table(title="fingerprint bytes per generated token by kind (whole payload: wire v2 + the fingerprint, "
+                        "the smaller of raw and zstd)")
+    for col in ("tokens", "kind", "fingerprint raw", "fingerprint zstd 19", "whole payload"):
+        kinds.add_column(col, justify="right")
+    for r in rows:
+        t = r["per_token"]
+        kinds.add_row(str(r["tokens"]), "v1 TOPLOC", f"{t['fingerprint']:.2f}", "(does not compress)",
+                      f"{t['wire_v2']:.1f}")
+        for name, v in r["projection_per_token"].items():
+            kinds.add_row(str(r["tokens"]), name, f"{v['raw']:.2f}", f"{v['zstd']:.2f}", f"{v['wire_v2']:.1f}")
+    console.print(kinds)
     at256 = next((r for r in rows if r["tokens"] == 256), None)
     if at256 is not None:
         value = at256["per_token"]["wire_v2"]

@@ -39,6 +39,7 @@ class Generation:
     samples: tuple[PositionSample, ...]
     hidden: np.ndarray  # (P + N - 1, hidden) float32 last hidden states of every fed token
     finish_reason: FinishReason
+    layers: np.ndarray | None = None  # (len(record_layers), P + N - 1, hidden): recorded decoder layer outputs
 
     def positions(self, k: int) -> Positions:
         """Return the artifact leaves of this generation."""
@@ -51,6 +52,7 @@ class Prefill:
 
     logits: np.ndarray  # (N, vocab) float32: the logits that predicted output position i
     hidden: np.ndarray  # (P + N - 1, hidden) float32, rows as in Generation.hidden
+    layers: np.ndarray | None = None  # rows as in Generation.layers, when the engine records layers
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.errors import FatalError, InvalidInput, Reason
 from node.protocol.hashing import keccak256
+from node.protocol.projection import KIND_PROJECTION, KIND_TOPLOC, LAST_HIDDEN, MAX_K, MAX_SOURCES, ProjectionSpec
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,24 @@ MARKER_FORMAT = 1
 
 class UnknownModel(InvalidInput):
     """A model name that the registry does not know."""
+
+
+class ProjectionConfig(BaseModel):
+    """A model's projection fingerprint (kind 1, protocol v2): sources, dims per source, bits per dim."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: tuple[int | Literal["last"], ...] = Field(min_length=1, max_length=MAX_SOURCES)
+    k: int = Field(ge=1, le=MAX_K)
+    bits: Literal[1, 2, 4, 8]
+
+    def spec(self) -> ProjectionSpec:
+        """Return the protocol's view: "last" is the source id LAST_HIDDEN."""
+        return ProjectionSpec(tuple(LAST_HIDDEN if x == "last" else x for x in self.layers), self.k, self.bits)
+
+    def decoder_layers(self) -> tuple[int, ...]:
+        """Return the decoder layers an engine must record (the last hidden state is always recorded)."""
+        return tuple(x for x in self.layers if x != "last")
 
 
 class ModelSpec(BaseModel):
@@ -59,6 +78,19 @@ class ModelSpec(BaseModel):
     stop_token_ids: tuple[int, ...] = Field(min_length=1, max_length=8)
     chat: bool = True
     profile: str
+    # Fingerprint kinds an executer may commit for this model: 0 TOPLOC (v1), 1 projection (v2, needs `projection`);
+    # in preference order: executers commit the first, validators accept any listed.
+    fingerprint_kinds: tuple[int, ...] = Field((KIND_TOPLOC,), min_length=1, max_length=2)
+    projection: ProjectionConfig | None = None
+
+    @model_validator(mode="after")
+    def _require_projection_for_kind_1(self) -> ModelSpec:
+        if not set(self.fingerprint_kinds) <= {KIND_TOPLOC, KIND_PROJECTION} \
+                or len(set(self.fingerprint_kinds)) != len(self.fingerprint_kinds):
+            raise ValueError(f"{self.name}: fingerprint_kinds must be distinct kinds out of 0 and 1")
+        if (KIND_PROJECTION in self.fingerprint_kinds) != (self.projection is not None):
+            raise ValueError(f"{self.name}: fingerprint kind 1 and a [projection] section go together")
+        return self
 
     @model_validator(mode="after")
     def _require_stop_tokens_in_vocab(self) -> ModelSpec:

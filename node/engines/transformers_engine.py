@@ -2,15 +2,19 @@
 
 The sampler is the protocol's canonical sampler, called once per generated position on that row's
 float32 logits. Hidden states are the decoder's ``last_hidden_state`` (after the final norm); the
-logits are the LM head applied to it, so both come from the same forward pass.
+logits are the LM head applied to it, so both come from the same forward pass. With
+``record_layers``, the outputs of those decoder layers (the residual stream, before the final norm)
+are recorded too, row for row like the last hidden state (projection fingerprints, protocol v2).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +38,7 @@ class TransformersOptions:
     dtype: str = "float32"
     threads: int | None = None
     kv_cache: bool = True
+    record_layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -43,6 +48,7 @@ class _Row:
     samples: list[PositionSample]
     hidden: list[np.ndarray]
     finish: FinishReason | None = None
+    layers: list[np.ndarray] = field(default_factory=list)  # (len(record_layers), rows, hidden) per decoder call
 
 
 class TransformersEngine(Engine):
@@ -67,6 +73,31 @@ class TransformersEngine(Engine):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
 
+    @contextmanager
+    def _recording(self) -> Iterator[list[torch.Tensor]]:
+        """Yield a list that holds, after each decoder call, the recorded layers' outputs (one per layer)."""
+        captured: list[torch.Tensor] = []
+        layers = self.decoder.layers
+        for i in self.options.record_layers:
+            if not 0 <= i < len(layers):
+                raise InvalidParams(f"record layer {i} outside [0, {len(layers)})", Reason.OUT_OF_RANGE)
+
+        def hook(_module: torch.nn.Module, _args: object, output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
+            captured.append((output[0] if isinstance(output, tuple) else output).detach())
+
+        handles = [layers[i].register_forward_hook(hook) for i in self.options.record_layers]
+        try:
+            yield captured
+        finally:
+            for h in handles:
+                h.remove()
+
+    @staticmethod
+    def _stack_layers(captured: list[torch.Tensor], batch: int, start: int) -> np.ndarray:
+        """Return captured layer outputs of one batch row from `start` as (layers, rows, hidden) float32."""
+        return np.stack([t[batch, start:].float().cpu().numpy() for t in captured]) if captured else \
+            np.zeros((0, 0, 0), dtype=np.float32)
+
     def _require_ids(self, ids: Sequence[int]) -> None:
         if any(not 0 <= t < self.vocab_size for t in ids):
             raise InvalidParams(f"token id outside [0, {self.vocab_size})", Reason.OUT_OF_RANGE)
@@ -79,19 +110,24 @@ class TransformersEngine(Engine):
         self._require_ids([*prompt_ids, *output_ids])
         fed = list(prompt_ids) + list(output_ids[:-1])
         ids = torch.tensor([fed], device=self.options.device)
-        hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+        with self._recording() as captured:
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
         logits = self._logits(hidden[len(prompt_ids) - 1:]) if output_ids else hidden.new_zeros((0, self.vocab_size))
-        return Prefill(logits=logits.float().cpu().numpy(), hidden=hidden.float().cpu().numpy())
+        return Prefill(logits=logits.float().cpu().numpy(), hidden=hidden.float().cpu().numpy(),
+                       layers=self._stack_layers(captured, 0, 0) if captured else None)
 
     @torch.inference_mode()
     def prefill_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Prefill]:
         """Return `prefill` of every (prompt, output) pair from one right-padded forward pass.
 
         Causal attention lets no row see a later one, so padding at the end changes no real row's
-        inputs: each result is the one-at-a-time prefill up to the batched kernels' rounding.
+        inputs: each result is the one-at-a-time prefill up to the batched kernels' rounding. An engine
+        that records decoder layers (projection fingerprints) runs them one at a time.
         """
         if not items:
             return []
+        if self.options.record_layers:
+            return [self.prefill(prompt_ids, output_ids) for prompt_ids, output_ids in items]
         fed = []
         for prompt_ids, output_ids in items:
             if not prompt_ids:
@@ -128,9 +164,18 @@ class TransformersEngine(Engine):
             ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             mask[b, width - len(r.prompt_ids):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=self.options.kv_cache)
-        for b, r in enumerate(requests):
-            rows[b].hidden.append(out.last_hidden_state[b, width - len(r.prompt_ids):].float().cpu().numpy())
+        with self._recording() as captured:
+            out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=self.options.kv_cache)
+            for b, r in enumerate(requests):
+                rows[b].hidden.append(out.last_hidden_state[b, width - len(r.prompt_ids):].float().cpu().numpy())
+                if captured:
+                    rows[b].layers.append(self._stack_layers(captured, b, width - len(r.prompt_ids)))
+            return self._decode(rows, ids, mask, positions, out, captured)
+
+    def _decode(self, rows: list[_Row], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, out: Any,
+                captured: list[torch.Tensor]) -> list[Generation]:
+        """Sample and feed back until every row finishes; return the generations."""
         logits = self._logits(out.last_hidden_state[:, -1])
         cache = out.past_key_values if self.options.kv_cache else None
         step = 0
@@ -141,6 +186,7 @@ class TransformersEngine(Engine):
             ids = torch.cat([ids, next_ids[:, None]], dim=1)
             mask = torch.cat([mask, torch.ones_like(next_ids)[:, None]], dim=1)
             positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+            captured.clear()
             if cache is not None:
                 out = self.decoder(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions[:, -1:],
                                    past_key_values=cache, use_cache=True)
@@ -151,6 +197,8 @@ class TransformersEngine(Engine):
             for b, row in enumerate(rows):
                 if row.finish is None:
                     row.hidden.append(last[b:b + 1].float().cpu().numpy())
+                    if captured:
+                        row.layers.append(self._stack_layers([t[:, -1:] for t in captured], b, 0))
             logits = self._logits(last)
             step += 1
         return [self._finish(row) for row in rows]
@@ -180,4 +228,5 @@ class TransformersEngine(Engine):
             samples=tuple(row.samples),
             hidden=np.concatenate(row.hidden, axis=0),
             finish_reason=row.finish,
+            layers=np.concatenate(row.layers, axis=1) if row.layers else None,
         )

@@ -10,6 +10,13 @@
 * Prefill: one generation step over prompt + output[:-1]; the hook gives every hidden row and the
   LM head applied to them gives the logits, the same pass stage 2 needs.
 The processor and hook must live in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
+* Projection fingerprints (kind 1, protocol v2): a registration whose only source is the last hidden
+  state works as is (the final-norm hook). Decoder-layer sources are not recorded: vLLM's Llama layers
+  return ``(hidden_states, residual)`` with the residual add fused into the next layer's norm, so the
+  residual stream after layer i is the sum of that pair, captured by a hook per recorded layer — not
+  written yet (not measured against the transformers engine's rows). Generations carry no ``layers``, so
+  an executer on this engine for a model registered with decoder-layer sources raises FatalError
+  (node.checks.projection.select_projection_rows) instead of committing a wrong fingerprint.
 """
 
 from __future__ import annotations

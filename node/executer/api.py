@@ -33,6 +33,7 @@ from pydantic import (
 from node.protocol.artifact import MAX_OUTPUT_TOKENS, MAX_WIRE_BYTES
 from node.protocol.errors import InvalidInput, Reason
 from node.protocol.fingerprint import CHUNK_BASE64_CHARS, CHUNK_BYTES, MAX_FINGERPRINT_CHUNKS
+from node.protocol.projection import KIND_PROJECTION
 
 MAX_TOP_LOGPROBS = 20
 MAX_MODEL_NAME_CHARS = 256
@@ -83,12 +84,24 @@ def _is_canonical_base64(low: int, high: int) -> Callable[[str], str]:
     return check
 
 
+def _are_whole_pieces(pieces: list[str]) -> list[str]:
+    """Check piece sizes by the blob's kind: TOPLOC chunks are 258 bytes each; a projection blob's pieces
+    (kind byte 0x01 first) are 258 bytes except the last."""
+    sizes = [len(base64.b64decode(p)) for p in pieces]
+    projection = base64.b64decode(pieces[0])[:1] == bytes([KIND_PROJECTION]) if pieces else False
+    whole = sizes[:-1] if projection else sizes
+    if any(n != CHUNK_BYTES for n in whole):
+        raise ValueError(f"fingerprint pieces must be {CHUNK_BYTES} bytes (a projection blob's last may be shorter)")
+    return pieces
+
+
 # Decimal strings, as the executer writes them: no sign, no leading zeros, no "_", no whitespace,
 # ASCII digits only (Python's int() would take all of those, and Unicode digits too).
 DecimalU64 = Annotated[StrictStr, Field(pattern=r"^(0|[1-9][0-9]{0,19})$"), AfterValidator(_is_below(UINT64_MAX))]
 DecimalU256 = Annotated[StrictStr, Field(pattern=r"^(0|[1-9][0-9]{0,77})$"), AfterValidator(_is_below(UINT256_MAX))]
+# A TOPLOC chunk is 258 bytes; a kind-1 (projection) blob travels as pieces of at most 258, the last shorter.
 ProofChunk = Annotated[StrictStr, Field(max_length=CHUNK_BASE64_CHARS),
-                       AfterValidator(_is_canonical_base64(CHUNK_BYTES, CHUNK_BYTES))]
+                       AfterValidator(_is_canonical_base64(1, CHUNK_BYTES))]
 ArtifactBase64 = Annotated[StrictStr, Field(min_length=1, max_length=MAX_ARTIFACT_BASE64_CHARS),
                            AfterValidator(_is_canonical_base64(1, MAX_WIRE_BYTES))]
 
@@ -125,7 +138,8 @@ class _SamplingFields(BaseModel):
     user: StrictStr | None = Field(None, max_length=MAX_MODEL_NAME_CHARS)
     # verinfer fields (extra_body)
     inference_id: StrictInt | StrictStr | None = None
-    verification_proof_to_validate: list[ProofChunk] | None = Field(None, max_length=MAX_FINGERPRINT_CHUNKS)
+    verification_proof_to_validate: Annotated[list[ProofChunk], AfterValidator(_are_whole_pieces)] | None = \
+        Field(None, max_length=MAX_FINGERPRINT_CHUNKS)
     output_token_ids: list[TokenId] | None = Field(None, max_length=MAX_OUTPUT_TOKENS)
 
     @field_validator("inference_id")
@@ -238,7 +252,8 @@ class InferencePayload(BaseModel):
     user_seed: DecimalU64
     request: dict[str, Any]
     artifact: ArtifactBase64  # base64 of the zstd wire form
-    verification_proofs: list[ProofChunk] = Field(min_length=1, max_length=MAX_FINGERPRINT_CHUNKS)
+    verification_proofs: Annotated[list[ProofChunk], AfterValidator(_are_whole_pieces)] = \
+        Field(min_length=1, max_length=MAX_FINGERPRINT_CHUNKS)
 
     @field_validator("request", mode="before")
     @classmethod

@@ -50,7 +50,8 @@ def load_engine(files: ModelFiles, settings: ExecuterSettings) -> Engine:
         return engine
     from node.engines.transformers_engine import TransformersEngine, TransformersOptions
 
-    options = TransformersOptions(settings.device, dtype, settings.threads, settings.kv_cache)
+    layers = files.spec.projection.decoder_layers() if files.spec.projection is not None else ()
+    options = TransformersOptions(settings.device, dtype, settings.threads, settings.kv_cache, record_layers=layers)
     return TransformersEngine(files.path, files.spec.name, options)
 
 

@@ -48,8 +48,12 @@ class ChainGate:
     model_id: bytes
 
     def authorize(self, inference_id: int | None, prompt_hash: bytes, user_seed: int | None,
-                  params: SamplingParams) -> None:
-        """Raise InvalidInput unless the chain holds exactly this request for this operator, still open."""
+                  params: SamplingParams) -> bytes:
+        """Raise InvalidInput unless the chain holds exactly this request for this operator, still open.
+
+        Return the hash of the block after the request's block: the projection seed's chain randomness
+        (protocol v2; it exists once the request is accepted, which is mined in a later block).
+        """
         if inference_id is None or user_seed is None:
             raise InvalidInput("on-chain mode needs inference_id and seed", Reason.SEED_MISMATCH)
         try:
@@ -75,6 +79,14 @@ class ChainGate:
                 raise InvalidInput(f"inference {inference_id} was requested with {what}", reason)
         if not inf.accepted:
             self.accept(inference_id)
+        return self.get_block_hash_after(int(logs[0]["blockNumber"]))
+
+    def get_block_hash_after(self, block: int) -> bytes:
+        """Return the hash of block + 1, or raise RecoverableError while it is not mined."""
+        try:
+            return bytes(self.hub.w3.eth.get_block(block + 1)["hash"])
+        except Exception as exc:  # web3 raises BlockNotFound or a transport error: both mean "not yet"
+            raise RecoverableError(f"block {block + 1} not available: {exc}", Reason.CHAIN_UNAVAILABLE) from exc
 
     def accept(self, inference_id: int) -> None:
         """Acknowledge on chain that this request's prompt arrived (journaled, then confirmed)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node.checks.fingerprint import FingerprintDecision, FingerprintThresholds, decide_fingerprint
+from node.checks.projection import select_projection_rows
 from node.engines.base import Engine, Generation, GenerationRequest
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
@@ -30,6 +31,12 @@ from node.protocol.fingerprint import (
     encode_fingerprint_base64,
     verify_fingerprint,
 )
+from node.protocol.projection import (
+    KIND_PROJECTION,
+    build_projection_blob,
+    compute_projection_seed,
+    split_pieces,
+)
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
 
@@ -37,6 +44,8 @@ if TYPE_CHECKING:
     from node.executer.chain_mode import ChainGate
 
 log = logging.getLogger(__name__)
+
+NO_BLOCK_HASH = bytes(32)  # off chain: no block after the request (docs/protocol.md, projection seed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,7 +124,7 @@ class ExecuterService:
     def infer(self, prompt_ids: Sequence[int], prompt_hash: bytes, params: SamplingParams,
               user_seed: int | None, inference_id: int | None, request: dict[str, Any]) -> ServedInference:
         """Generate one inference and record its artifact and fingerprint."""
-        if self.gate is not None:
+        block_hash = NO_BLOCK_HASH if self.gate is None else \
             self.gate.authorize(inference_id, prompt_hash, user_seed, params)
         seed = secrets.randbits(64) if user_seed is None else user_seed
         iid = derive_inference_id(prompt_hash, seed, params) if inference_id is None else inference_id
@@ -127,7 +136,7 @@ class ExecuterService:
                                 params.max_tokens, self.k, rs, tuple(prompt_ids), len(gen.output_ids))
         artifact = Artifact(header, gen.positions(self.k))
         served = ServedInference(iid, seed, prompt_hash, request, gen, artifact, encode_artifact_wire(artifact),
-                                 build_fingerprint(gen.hidden, len(prompt_ids)))
+                                 self.build_fingerprint(gen, len(prompt_ids), compute_projection_seed(rs, block_hash)))
         if self.gate is not None:
             self.gate.commit(served, artifact.root)
         self._remember(served)
@@ -136,6 +145,20 @@ class ExecuterService:
         log.info("inference served", extra={"inference_id": hex(iid), "tokens": len(gen.output_ids),
                                             "artifact_root": artifact.root.hex()})
         return served
+
+    @property
+    def fingerprint_kind(self) -> int:
+        """Return the kind this executer commits: the model's first registered kind (in preference order)."""
+        return self.files.spec.fingerprint_kinds[0]
+
+    def build_fingerprint(self, gen: Generation, prompt_rows: int, projection_seed: bytes) -> list[bytes]:
+        """Return the fingerprint pieces of a generation in this executer's kind (their concatenation is the blob)."""
+        config = self.files.spec.projection
+        if self.fingerprint_kind != KIND_PROJECTION or config is None:
+            return build_fingerprint(gen.hidden, prompt_rows)
+        recorded = getattr(getattr(self.engine, "options", None), "record_layers", ())
+        rows = select_projection_rows(gen.hidden, gen.layers, tuple(recorded), config.spec(), prompt_rows)
+        return split_pieces(build_projection_blob(rows, config.spec(), projection_seed))
 
     def check_fingerprint(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
                           proofs: Sequence[bytes]) -> FingerprintReport:

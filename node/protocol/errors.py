@@ -38,6 +38,11 @@ class Reason(IntEnum):
     NON_CANONICAL = 208
     FINGERPRINT_MALFORMED = 209
     FINGERPRINT_LENGTH_MISMATCH = 210
+    # Protocol v2 fingerprints (node.protocol.projection): a blob of another kind, projection seed or shape
+    # than the one the request and the model's registration fix, or a kind the model is not registered for.
+    FINGERPRINT_KIND_MISMATCH = 211
+    FINGERPRINT_SEED_MISMATCH = 212
+    FINGERPRINT_KIND_NOT_REGISTERED = 213
 
     # Stage 1, header and commitments (3xx).
     SEED_MISMATCH = 300
@@ -76,6 +81,7 @@ class Reason(IntEnum):
     DISTANCE2 = 509
     TEMPERATURE_FIT = 510
     TOP_P_FIT = 511
+    FINGERPRINT_PROJECTION_DISTANCE = 512
 
     # 6xx: node operation (typed errors of the daemon; never the reason of a signed verdict)
     STORE_LOCKED = 600

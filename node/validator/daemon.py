@@ -45,6 +45,7 @@ from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, CursorStore, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
 from node.checks.decision import Stage2Thresholds
+from node.checks.projection import ProjectionThresholds
 from node.engines.base import Engine, Prefill, prefill_many
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
@@ -52,12 +53,15 @@ from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.executer.api import InferencePayload, decode_inference_payload
 from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
+from node.protocol.projection import KIND_PROJECTION
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
 from node.validator.verify import (
+    NO_BLOCK_HASH,
     ChainFacts,
+    PreparedCheck,
     VerificationReport,
     decode_payload_artifact,
     find_payload_mismatch,
@@ -86,6 +90,8 @@ class ModelSlot:
     engine: Engine
     thresholds: Stage2Thresholds
     lock: threading.Lock = field(default_factory=threading.Lock)
+    projection: ProjectionThresholds | None = None  # kind-1 fingerprints: the profile's [projection]
+    projection_engine: Engine | None = None  # kind-1: the model at its registered dtype, recording the layers
     batcher: PrefillBatcher | None = None  # created by the daemon, in its event loop
 
 
@@ -172,7 +178,8 @@ class Job:
         facts = ChainFacts(int(f["inference_id"]), int(f["user_seed"]), bytes.fromhex(f["model_id"]),
                            int(f["temperature_bits"]), int(f["top_p_bits"]), int(f["top_k"]), int(f["max_tokens"]),
                            bytes.fromhex(f["prompt_hash"]), bytes.fromhex(f["output_hash"]),
-                           bytes.fromhex(f["artifact_root"]), bytes.fromhex(f["fingerprint_hash"]))
+                           bytes.fromhex(f["artifact_root"]), bytes.fromhex(f["fingerprint_hash"]),
+                           bytes.fromhex(f.get("projection_block_hash", NO_BLOCK_HASH.hex())))
         return cls(facts, str(value["operator"]))
 
     def commitment(self) -> Commitment:
@@ -387,7 +394,7 @@ class ValidatorNode:
                 self.store.put_record("request", int(args["inferenceId"]), {
                     "user_seed": int(args["userSeed"]), "model_id": Web3.to_hex(args["modelId"]),
                     "prompt_hash": Web3.to_hex(args["promptHash"]), "operator": str(args["operator"]),
-                    "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens]})
+                    "params": [p.temperature_bits, p.top_p_bits, p.top_k, p.max_tokens], "block": e.block_number})
             elif e.name == "InferenceCommitted":
                 iid = int(args["inferenceId"])
                 commitment = Commitment(bytes(args["outputHash"]), bytes(args["artifactRoot"]),
@@ -408,8 +415,19 @@ class ValidatorNode:
         t, p, k, m = request["params"]
         facts = ChainFacts(inference_id, request["user_seed"], bytes.fromhex(request["model_id"][2:]), t, p, k, m,
                            bytes.fromhex(request["prompt_hash"][2:]), bytes(args["outputHash"]),
-                           bytes(args["artifactRoot"]), bytes(args["fingerprintHash"]))
+                           bytes(args["artifactRoot"]), bytes(args["fingerprintHash"]),
+                           self._projection_block_hash(request))
         return Job(facts, request["operator"])
+
+    def _projection_block_hash(self, request: dict[str, Any]) -> bytes:
+        """Return the hash of the block after the request's (kind-1 projection seeds), for a model that accepts kind 1.
+
+        The commit that triggers the job is confirmed and mined after the request, so that block exists.
+        """
+        slot = self.models.get(bytes.fromhex(request["model_id"][2:]))
+        if slot is None or KIND_PROJECTION not in slot.files.spec.fingerprint_kinds or "block" not in request:
+            return NO_BLOCK_HASH
+        return bytes(self.hub.w3.eth.get_block(int(request["block"]) + 1)["hash"])
 
     def _remember_commitment(self, inference_id: int, commitment: Commitment) -> None:
         """Keep our own record of an inference's commitment (the only one a submission uses)."""
@@ -555,7 +573,16 @@ class ValidatorNode:
         if isinstance(check, VerificationReport):
             return check
         prefill = await self._get_batcher(slot).prefill(check.prompt_ids, check.output_ids)
-        return await asyncio.to_thread(finish_verification, check, prefill, slot.thresholds, True)
+        return await asyncio.to_thread(self._finish_locked, slot, check, prefill)
+
+    def _finish_locked(self, slot: ModelSlot, check: PreparedCheck, prefill: Prefill) -> VerificationReport:
+        """Stage 2 and the decision; a kind-1 check runs its own prefill on the projection engine, so under the lock."""
+        if slot.projection_engine is None:
+            return finish_verification(check, prefill, slot.thresholds, slot.files, slot.engine, True,
+                                       slot.projection)
+        with slot.lock:
+            return finish_verification(check, prefill, slot.thresholds, slot.files, slot.engine, True,
+                                       slot.projection, slot.projection_engine)
 
     def _get_batcher(self, slot: ModelSlot) -> PrefillBatcher:
         """Return the model's prefill batcher (one pass at a time on its engine)."""

@@ -11,16 +11,37 @@ import binascii
 from dataclasses import dataclass
 
 from node.checks.decision import Stage2Decision, Stage2Thresholds, decide_stage2, is_weight_error_only
+from node.checks.projection import (
+    ProjectionThresholds,
+    decide_projection,
+    require_registered_kind,
+    select_projection_rows,
+)
 from node.checks.stage1 import OnchainInference, SequenceCheckResult, sequence_check
 from node.checks.stage2 import Stage2Measurements, measure_stage2, measure_stage2_decision
 from node.engines.base import Engine, Prefill
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
-from node.errors import InvalidArtifact, InvalidInput, Reason
+from node.errors import FatalError, InvalidArtifact, InvalidInput, Reason
 from node.executer.api import InferencePayload
 from node.protocol.artifact import Artifact, compute_output_hash, decode_artifact_wire
-from node.protocol.fingerprint import compute_fingerprint_hash, decode_fingerprint_base64, verify_fingerprint
+from node.protocol.fingerprint import (
+    ChunkMeasurement,
+    compute_fingerprint_hash,
+    decode_fingerprint_base64,
+    verify_fingerprint,
+)
+from node.protocol.projection import (
+    KIND_PROJECTION,
+    ProjectionMeasurement,
+    compute_projection_seed,
+    split_toploc_blob,
+    verify_projection_blob,
+)
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
+
+# Off chain there is no block after the request: the projection seed's block hash is 32 zero bytes (docs/protocol.md).
+NO_BLOCK_HASH = bytes(32)
 
 
 @dataclass(frozen=True)
@@ -31,6 +52,7 @@ class VerificationReport:
     stage1: SequenceCheckResult | None
     measurements: Stage2Measurements | None
     decision: Stage2Decision | None
+    projection: ProjectionMeasurement | None = None
 
     @property
     def valid(self) -> bool:
@@ -75,6 +97,8 @@ class ChainFacts:
     output_hash: bytes
     artifact_root: bytes
     fingerprint_hash: bytes
+    # hash of the block after the request's block (the InferenceRequested event's): seeds kind-1 projections
+    projection_block_hash: bytes = NO_BLOCK_HASH
 
 
 def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reason:
@@ -103,13 +127,15 @@ def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reaso
 
 @dataclass(frozen=True)
 class PreparedCheck:
-    """A payload that passed decoding and stage 1: what its prefill and stage 2 need."""
+    """A payload that passed decoding, stage 1 and the fingerprint-kind check: what its prefill and stage 2 need."""
 
     artifact: Artifact
-    proofs: list[bytes]
+    blob: bytes  # the fingerprint blob (its first byte names the kind)
+    kind: int
     prompt_ids: list[int]
     output_ids: list[int]
     stage1: SequenceCheckResult
+    projection_seed: bytes  # kind 1: the projection's seed (run seed and the block after the request)
 
 
 def prepare_verification(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer,
@@ -135,25 +161,50 @@ def prepare_verification(payload: InferencePayload, files: ModelFiles, tokenizer
     stage1 = sequence_check(h, art.positions, onchain)
     if not stage1.valid:
         return VerificationReport(stage1.reason, stage1, None, None)
-    return PreparedCheck(art, proofs, list(prompt_ids), [int(t) for t in art.positions.chosen], stage1)
-
-
-def finish_verification(check: PreparedCheck, prefill: Prefill, thresholds: Stage2Thresholds,
-                        decision_only: bool = False) -> VerificationReport:
-    """Return the report of a prepared payload from its prefill: fingerprints, stage 2, decision."""
+    blob = b"".join(proofs)
     try:
-        fingerprint = tuple(verify_fingerprint(prefill.hidden, len(check.prompt_ids), check.proofs))
+        kind = require_registered_kind(blob, files.spec.fingerprint_kinds, files.spec.name)
+    except InvalidInput as exc:
+        return VerificationReport(exc.reason, stage1, None, None)
+    seed = compute_projection_seed(h.run_seed, NO_BLOCK_HASH if facts is None else facts.projection_block_hash)
+    return PreparedCheck(art, blob, kind, list(prompt_ids), [int(t) for t in art.positions.chosen], stage1, seed)
+
+
+def finish_verification(check: PreparedCheck, prefill: Prefill, thresholds: Stage2Thresholds, files: ModelFiles,
+                        engine: Engine, decision_only: bool = False, projection: ProjectionThresholds | None = None,
+                        projection_engine: Engine | None = None) -> VerificationReport:
+    """Return the report of a prepared payload from its prefill: fingerprints, stage 2, decision.
+
+    A kind-1 fingerprint is compared with `projection_engine`'s prefill where given (the model at its
+    registered dtype, recording the projection's decoder layers: calibration measured bf16 honest noise
+    against a bf16 validator far below that against fp32), else with the main prefill.
+    """
+    projected: ProjectionMeasurement | None = None
+    try:
+        if check.kind == KIND_PROJECTION:
+            own, own_engine = (prefill, engine) if projection_engine is None else \
+                (projection_engine.prefill(check.prompt_ids, check.output_ids), projection_engine)
+            projected = measure_projection(check.blob, files, own_engine, own, len(check.prompt_ids),
+                                           check.projection_seed)
+            fingerprint: tuple[ChunkMeasurement, ...] = ()
+        else:
+            chunks = split_toploc_blob(check.blob)
+            fingerprint = tuple(verify_fingerprint(prefill.hidden, len(check.prompt_ids), chunks))
     except InvalidInput as exc:
         return VerificationReport(exc.reason, check.stage1, None, None)
     measure = measure_stage2_decision if decision_only and is_weight_error_only(thresholds) else measure_stage2
     measurements = measure(check.artifact.header, check.artifact.positions, prefill.logits, fingerprint)
     decision = decide_stage2(measurements, thresholds)
-    return VerificationReport(decision.reason, check.stage1, measurements, decision)
+    if decision.valid and projected is not None:
+        reason = decide_projection(projected, require_projection_thresholds(projection, files), len(check.output_ids))
+        return VerificationReport(reason, check.stage1, measurements, decision, projected)
+    return VerificationReport(decision.reason, check.stage1, measurements, decision, projected)
 
 
 def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
                    thresholds: Stage2Thresholds, facts: ChainFacts | None = None,
-                   decision_only: bool = False) -> VerificationReport:
+                   decision_only: bool = False, projection: ProjectionThresholds | None = None,
+                   projection_engine: Engine | None = None) -> VerificationReport:
     """Return the verification report of one payload on the claimed model (against the chain's facts if given).
 
     With `decision_only` (the daemon) and a profile that decides on the weight error alone, only the
@@ -162,4 +213,24 @@ def verify_payload(payload: InferencePayload, files: ModelFiles, tokenizer: Mode
     check = prepare_verification(payload, files, tokenizer, facts)
     if isinstance(check, VerificationReport):
         return check
-    return finish_verification(check, engine.prefill(check.prompt_ids, check.output_ids), thresholds, decision_only)
+    return finish_verification(check, engine.prefill(check.prompt_ids, check.output_ids), thresholds, files, engine,
+                               decision_only, projection, projection_engine)
+
+
+def require_projection_thresholds(t: ProjectionThresholds | None, files: ModelFiles) -> ProjectionThresholds:
+    """Return the projection thresholds, or raise: a model registered for kind 1 needs a calibrated [projection]."""
+    if t is None:
+        raise FatalError(f"{files.spec.name} accepts kind-1 fingerprints but its profile has no [projection] section",
+                         Reason.UNKNOWN_MODEL)
+    return t
+
+
+def measure_projection(blob: bytes, files: ModelFiles, engine: Engine, prefill: Prefill, prompt_rows: int,
+                       seed: bytes) -> ProjectionMeasurement:
+    """Return the distance of the validator's own prefill from a kind-1 fingerprint."""
+    config = files.spec.projection
+    if config is None:  # unreachable: the registry ties kind 1 to a [projection] section
+        raise FatalError(f"{files.spec.name} has no projection config", Reason.UNKNOWN_MODEL)
+    recorded = getattr(getattr(engine, "options", None), "record_layers", ())
+    rows = select_projection_rows(prefill.hidden, prefill.layers, tuple(recorded), config.spec(), prompt_rows)
+    return verify_projection_blob(blob, config.spec(), seed, rows)

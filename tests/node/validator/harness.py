@@ -6,7 +6,7 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from chain.devnet import Anvil, dev_account
 from chain.devnet import find_free_port as free_port
 from chain.txmanager import MemoryJournal, TxManager
 from node.checks.decision import Stage2Thresholds
+from node.checks.projection import ProjectionThresholds
 from node.executer.chain_mode import ChainGate
 from node.executer.server import create_app
 from node.executer.service import ExecuterService
@@ -104,9 +105,16 @@ def tiny_thresholds(tiny) -> Stage2Thresholds:
 
 
 @asynccontextmanager
-async def harness(tiny, tmp_path: Path, committee: int = 1, **config: Any) -> AsyncIterator[Harness]:
+async def harness(tiny, tmp_path: Path, committee: int = 1, projection: Any = None,
+                  **config: Any) -> AsyncIterator[Harness]:
     """Start everything; yield; stop everything. With `committee` > 1, the node's fellow members are
-    dev accounts 5, 6, … (bonded, no daemon: the test signs and gossips for them)."""
+    dev accounts 5, 6, … (bonded, no daemon: the test signs and gossips for them). With `projection`
+    (a ProjectionConfig), the model is registered for kind-1 fingerprints first: the executer commits them
+    and the validator checks them (plumbing threshold)."""
+    files = tiny.files
+    if projection is not None:
+        files = replace(tiny.files, spec=tiny.files.spec.model_copy(update={"fingerprint_kinds": (1, 0),
+                                                                            "projection": projection}))
     with Anvil(block_time=0.5) as anvil:
         w3 = anvil.web3()
         admin, requester, operator, validator = (dev_account(i) for i in (0, 1, 2, 3))
@@ -122,7 +130,7 @@ async def harness(tiny, tmp_path: Path, committee: int = 1, **config: Any) -> As
             hub.bond(v, Role.VALIDATOR, 5 * 10**18)
         _, profile = load_profile(tiny.files.spec)
         gate = ChainGate(Hub(w3, hub.address), TxManager(w3, operator, MemoryJournal()), model_id)
-        service = ExecuterService(tiny.files, tiny.tokenizer, tiny.engine, profile.fingerprint_thresholds(), gate=gate)
+        service = ExecuterService(files, tiny.tokenizer, tiny.engine, profile.fingerprint_thresholds(), gate=gate)
         tamper: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | None] = {"payload": None}
 
         @web.middleware
@@ -147,7 +155,8 @@ async def harness(tiny, tmp_path: Path, committee: int = 1, **config: Any) -> As
                       p2p_key=tmp_path / "validator.key")
         values.update(config)
         store = Store(tmp_path / "validator", 31337, hub.address)
-        slot = ModelSlot(tiny.files, tiny.tokenizer, tiny.engine, tiny_thresholds(tiny))
+        slot = ModelSlot(files, tiny.tokenizer, tiny.engine, tiny_thresholds(tiny),
+                         projection=ProjectionThresholds(1e-3) if projection is not None else None)
         validator_config = ValidatorConfig(**values)
         node = ValidatorNode(validator_config, validator, Hub(anvil.web3(), hub.address), store, {model_id: slot})
         async with aiohttp.ClientSession() as session:

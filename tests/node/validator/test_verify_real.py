@@ -125,7 +125,7 @@ def test_a_batched_prefill_decides_every_payload_as_one_at_a_time(smol, profile)
     for b, s in zip(batched, single, strict=True):
         assert b.logits.shape == s.logits.shape and b.hidden.shape == s.hidden.shape
         assert float(abs(b.logits - s.logits).max()) < 1e-3
-    one = [finish_verification(c, p, profile) for c, p in zip(checks, single, strict=True)]
-    many = [finish_verification(c, p, profile) for c, p in zip(checks, batched, strict=True)]
+    one = [finish_verification(c, p, profile, smol.files, smol.engine) for c, p in zip(checks, single, strict=True)]
+    many = [finish_verification(c, p, profile, smol.files, smol.engine) for c, p in zip(checks, batched, strict=True)]
     assert [r.valid for r in one] == [r.valid for r in many] == [True, True, False, False]
     assert [r.reason for r in one] == [r.reason for r in many]

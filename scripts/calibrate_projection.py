@@ -1,0 +1,398 @@
+"""Measure projection fingerprints (protocol v2) against TOPLOC (v1) on the real SmolLM2-135M, bf16 profile.
+
+Phase ``record`` runs honest bf16 operators (threads2, threads1, nocache, batch4: the bf16 profile's
+honest variation) and cheaters (weight noise 0.1 / 0.3 / 1 %, int8, a skipped layer, and the v1-fitting
+attack: the last four layers replaced by fitted linear maps whose last hidden state is fitted to the
+real one on public prompts), each checked by one fp32 validator prefill. Per run it stores the
+executer's and the validator's last hidden state and decoder layers LAYERS (npz under --dir).
+Phase ``analyse`` computes, for every fingerprint config (layers, k, bits), the per-run distance at
+16 / 32 / 64 tokens, chooses a threshold on the calibration half's honest runs (fit.py's pooled rule:
+mean + 6 sd, at least 1.25 × the largest), and reports held-out false positives and detection, beside
+TOPLOC with the bf16 profile's thresholds; it writes JSON and a markdown table.
+Usage: OMP_WAIT_POLICY=PASSIVE nice -n 10 python scripts/calibrate_projection.py record --prompts 12
+       python scripts/calibrate_projection.py analyse
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from node.calibrate.fit import is_calibration_split
+from node.calibrate.models import (
+    _SkippedLayer,
+    load_engine,
+    make_int8_engine,
+    make_noisy_engine,
+    make_skip_layer_engine,
+)
+from node.calibrate.runs import Lab, RunSpec, generate, load_prompts
+from node.engines.base import GenerationRequest
+from node.engines.models import get_model_spec, materialise_model
+from node.engines.tokenizer import ModelTokenizer
+from node.engines.transformers_engine import TransformersEngine
+from node.protocol.fingerprint import build_fingerprint, verify_fingerprint
+from node.protocol.hashing import keccak256
+from node.protocol.projection import (
+    compute_projected_fingerprint,
+    compute_projection_distance,
+    compute_projection_matrix,
+    compute_source_seed,
+    decode_projected_fingerprint,
+)
+from node.protocol.seed import run_seed
+
+MODEL = "smollm2-135m-instruct"
+LAYERS = (7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
+FIT_SKIPPED = (26, 27, 28, 29)
+HONEST = ("threads2", "threads1", "nocache", "batch4")
+ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1")
+REPORTED = (*ATTACKS, "int8-fitted")
+LENGTHS = (16, 32, 64)
+TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
+POOLED_SIGMAS = 6.0
+VALIDATOR = ["val"]  # "val": the fp32 validator's prefill; "bf16": a validator at the claimed precision
+DEFAULT_DIR = Path("/tmp/f19/runs")
+
+
+class _FittedLayer(torch.nn.Module):
+    """A decoder layer replaced by a fitted linear map of its input (the v1-fitting attack's cheap layer)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return (hidden_states.float() @ self.weight).to(hidden_states.dtype)
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, lam: float = 1e-3) -> np.ndarray:
+    """Return W (with a bias row folded into x) minimising |[x 1] W − y|² + lam |W|²."""
+    xa = np.concatenate([x, np.ones((len(x), 1))], axis=1).astype(np.float64)
+    return np.linalg.solve(xa.T @ xa + lam * len(x) * np.eye(xa.shape[1]), xa.T @ y.astype(np.float64))
+
+
+class _Affine(torch.nn.Module):
+    def __init__(self, w: np.ndarray) -> None:
+        super().__init__()
+        self.w = torch.tensor(w[:-1], dtype=torch.float32)
+        self.b = torch.tensor(w[-1], dtype=torch.float32)
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return (hidden_states.float() @ self.w + self.b).to(hidden_states.dtype)
+
+
+def make_fit_v1_engine(real: TransformersEngine, lab: Lab, prompts: range) -> TransformersEngine:
+    """Return the cheap model: layers FIT_SKIPPED dropped, one affine map fitted in their place, and an affine
+    correction of the final norm's output fitted to the real last hidden state, on public prompts."""
+    probe = copy.copy(real)
+    probe.options = type(real.options)(**{**real.options.__dict__, "record_layers": (FIT_SKIPPED[0] - 1, 28)})
+    texts = [(request[0], gen.output_ids) for request, gen in zip(*_batch(real, lab, "public", "fit", prompts),
+                                                                   strict=True)]
+    pres = [probe.prefill(ids, out) for ids, out in texts]
+    x = np.concatenate([p.layers[0] for p in pres if p.layers is not None])
+    w_mid = _ridge(x, np.concatenate([p.layers[1] for p in pres if p.layers is not None]))
+    model = copy.deepcopy(real.model)
+    layers = model.get_decoder().layers
+    layers[FIT_SKIPPED[0]] = _Affine(w_mid)  # stands for layers 26..29 (its output is what layer 28 claims)
+    for j in FIT_SKIPPED[1:]:
+        layers[j] = _SkippedLayer()
+    cheap = copy.copy(real)
+    cheap.model, cheap.decoder, cheap.lm_head = model, model.get_decoder(), model.get_output_embeddings()
+    normed = np.concatenate([cheap.prefill(ids, out).hidden for ids, out in texts])
+    w_last = _Affine(_ridge(normed, np.concatenate([p.hidden for p in pres])))
+    cheap.decoder.norm = torch.nn.Sequential(cheap.decoder.norm, w_last)
+    return cheap
+
+
+def _batch(engine: Any, lab: Lab, kind: str, name: str, indices: range | list[int]) -> tuple[list[Any], list[Any]]:
+    """Return the requests (ids, params, seed) of run specs and one batched generation of all of them."""
+    requests = []
+    for i in indices:
+        ids, params, user_seed, iid = lab.request(RunSpec(kind, name, i))
+        requests.append((ids, params, run_seed(user_seed, iid)))
+    gens = engine.generate([GenerationRequest(ids, params, seed, lab.k) for ids, params, seed in requests])
+    return requests, gens
+
+
+def build(prompts: int) -> tuple[Lab, dict[str, Any]]:
+    """Return the lab (fp32 validator, bf16 honest) and every generator, all recording LAYERS."""
+    spec = get_model_spec(MODEL)
+    files = materialise_model(spec)
+    opts = {"record_layers": LAYERS}
+    validator = load_engine(files.path, MODEL, **opts)
+    honest = load_engine(files.path, MODEL, dtype="bfloat16", **opts)
+    lab = Lab(files, ModelTokenizer(files.path, spec.chat), validator, {}, load_prompts(), 64, honest=honest,
+              dtype="bfloat16")
+    gens: dict[str, Any] = {
+        "threads2": honest, "nocache": load_engine(files.path, MODEL, dtype="bfloat16", kv_cache=False, **opts),
+        "noise-0.1pct": make_noisy_engine(honest, 0.001, seed=7),
+        "noise-0.3pct": make_noisy_engine(honest, 0.003, seed=7),
+        "noise-1pct": make_noisy_engine(honest, 0.01, seed=7), "int8": make_int8_engine(validator),
+        "skip-layer": make_skip_layer_engine(honest, layer=15),
+        # fitted on public prompts the campaign never uses (the last 8 of the prompt set)
+        "fit-v1": make_fit_v1_engine(honest, lab, range(len(lab.prompts) - 8, len(lab.prompts))),
+    }
+    return lab, gens
+
+
+def record(out: Path, prompts: int) -> None:
+    """Run honest and attack arms not yet recorded; store hidden states per run.
+
+    Honest single-request variants generate one request at a time; batch4 in batches of four; each
+    cheater generates all its prompts in one batch (a cheater may batch; it only adds batch numerics).
+    """
+    torch.set_num_threads(1)  # the machine is shared: one thread, except the threads2 arm
+    out.mkdir(parents=True, exist_ok=True)
+    lab, gens = build(prompts)
+
+    def save(spec: RunSpec, ids: tuple[int, ...], gen: Any) -> None:
+        pre = lab.validator.prefill(ids, gen.output_ids)
+        own = lab.honest.prefill(ids, gen.output_ids)  # a validator at the claimed precision (bf16 weights)
+        path = out / (spec.key.replace("/", "_") + ".npz")
+        np.savez(path, exec_hidden=gen.hidden, exec_layers=np.asarray(gen.layers),
+                 val_hidden=pre.hidden, val_layers=np.asarray(pre.layers), bf16_hidden=own.hidden,
+                 bf16_layers=np.asarray(own.layers),
+                 output_ids=np.array(gen.output_ids), prompt_ids=np.array(ids), prompt_rows=len(ids), key=spec.key,
+                 kind=spec.kind, name=spec.name)
+        print(spec.key, file=sys.stderr, flush=True)
+
+    def done(kind: str, name: str, i: int) -> bool:
+        return (out / f"{kind}_{name}_{i}.npz").exists()
+
+    for name in ("threads2", *ATTACKS, "batch4", "nocache", "threads1"):
+        kind = "honest" if name in HONEST else "attack"
+        todo = [i for i in range(prompts) if not done(kind, name, i)]
+        if not todo:
+            continue
+        if kind == "attack":
+            requests, batch = _batch(gens[name], lab, kind, name, todo)
+            for i, (ids, _, _), gen in zip(todo, requests, batch, strict=True):
+                save(RunSpec(kind, name, i), ids, gen)
+            continue
+        for i in todo:
+            spec = RunSpec(kind, name, i)
+            ids, params, user_seed, iid = lab.request(spec)
+            if name == "batch4":
+                gen = lab.honest.generate([GenerationRequest(*_req(lab, spec, s)) for s in range(4)])[0]
+            else:
+                torch.set_num_threads(2 if name == "threads2" else 1)
+                gen = generate(gens.get(name, lab.honest), lab, ids, params, run_seed(user_seed, iid))
+                torch.set_num_threads(1)
+            save(spec, ids, gen)
+
+
+def _req(lab: Lab, spec: RunSpec, shift: int) -> tuple[Any, ...]:
+    ids, params, user_seed, iid = lab.request(spec, shift)
+    return ids, params, run_seed(user_seed, iid + shift), lab.k
+
+
+# ---- analysis ----------------------------------------------------------------------------------
+
+def source_rows(run: Any, side: str, layer: str) -> np.ndarray:
+    """Return one side's rows of a source: 'last' (the last hidden state) or a recorded layer number."""
+    if layer == "last":
+        return np.asarray(run[f"{side}_hidden"])
+    return np.asarray(np.asarray(run[f"{side}_layers"])[LAYERS.index(int(layer))])
+
+
+def toploc_caught(run: Any, rows: int) -> bool:
+    """Return whether TOPLOC with the bf16 profile's thresholds rejects the run's first `rows` rows."""
+    p = int(run["prompt_rows"])
+    ms = verify_fingerprint(run[f"{VALIDATOR[0]}_hidden"][:rows], p, build_fingerprint(run["exec_hidden"][:rows], p))
+    return any(m.exponent_mismatches > TOPLOC_BF16["exp"] or m.mantissa_error_mean > TOPLOC_BF16["mant"]
+               or m.sign_mismatches > TOPLOC_BF16["sign"] for m in ms)
+
+
+def distance(run: Any, layers: tuple[str, ...], k: int, bits: int, tokens: int, seed: bytes) -> float:
+    """Return the mean projection distance over the rows the protocol projects for `tokens` generated tokens
+    (rows P − 1 … P + tokens − 2: the last prompt row and the fed-back ones), k dims split over the layers."""
+    per = k // len(layers)
+    first = int(run["prompt_rows"]) - 1
+    rows = tokens
+    total = 0.0
+    for j, layer in enumerate(layers):
+        ex = source_rows(run, "exec", layer)[first:first + tokens]
+        va = source_rows(run, VALIDATOR[0], layer)[first:first + tokens]
+        matrix = compute_projection_matrix(compute_source_seed(seed, j), per, ex.shape[1])
+        blob = compute_projected_fingerprint(ex, matrix, bits)
+        codes = decode_projected_fingerprint(blob, rows, per, bits)
+        total += compute_projection_distance(codes, va, matrix, bits)
+    return total / len(layers)
+
+
+def pooled_threshold(values: list[float]) -> float:
+    """Return fit.py's pooled rule: mean + 6 sd, at least 1.25 × the largest."""
+    return max(statistics.fmean(values) + POOLED_SIGMAS * statistics.pstdev(values), 1.25 * max(values))
+
+
+CONFIGS: list[tuple[tuple[str, ...], int, int]] = [
+    (layers, k, bits)
+    for layers in (("last",), ("28",), ("21",), ("14",), ("7",), ("7", "last"), ("7", "28"), ("14", "last"))
+    for k, bits in ((4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4), (32, 2), (16, 8), (32, 4), (32, 8))
+]
+
+
+FIT_PUBLIC = range(0, 6)  # int8-fitted: the prompts whose real activations the attacker fits on (then left out)
+
+
+def add_fitted_attack(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return runs plus "int8-fitted": the int8 cheater's rows (last hidden state and every recorded layer)
+    corrected by an affine map fitted, on public prompts FIT_PUBLIC, to the real model's rows on the same
+    text (the attack that knows the fingerprint and fits a cheaper model to it); the fit prompts are dropped."""
+    int8 = [r for r in runs if str(r["name"]) == "int8"]
+    public = [r for r in int8 if int(str(r["key"]).rsplit("/", 1)[1]) in FIT_PUBLIC]
+    maps: dict[str | int, np.ndarray] = {"hidden": _ridge(np.concatenate([r["exec_hidden"] for r in public]),
+                             np.concatenate([r["bf16_hidden"] for r in public]))}
+    for j in range(len(LAYERS)):
+        maps[j] = _ridge(np.concatenate([r["exec_layers"][j] for r in public]),
+                         np.concatenate([r["bf16_layers"][j] for r in public]))
+
+    def correct(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return np.asarray((x.astype(np.float64) @ w[:-1] + w[-1]).astype(np.float32))
+
+    fitted = []
+    for r in int8:
+        if any(r is q for q in public):
+            continue
+        layers = np.stack([correct(r["exec_layers"][j], maps[j]) for j in range(len(LAYERS))])
+        fitted.append({**r, "exec_hidden": correct(r["exec_hidden"], maps["hidden"]), "exec_layers": layers,
+                       "name": "int8-fitted", "key": str(r["key"]).replace("int8", "int8-fitted")})
+    return runs + fitted
+
+
+def analyse(src: Path, out: Path) -> None:
+    """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
+    runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
+    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": []}
+    toploc: dict[str, dict[str, list[bool]]] = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
+    for r in runs:
+        for n in LENGTHS:
+            toploc[str(n)][str(r["name"])].append(toploc_caught(r, int(r["prompt_rows"]) + n - 1))
+    result["toploc"] = {n: {name: [sum(v), len(v)] for name, v in d.items()} for n, d in toploc.items()}
+    for layers, k, bits in CONFIGS:
+        if k % len(layers):
+            continue
+        entry: dict[str, Any] = {"layers": list(layers), "k": k, "bits": bits, "bytes_per_token": k * bits / 8,
+                                 "by_length": {}}
+        for n in LENGTHS:
+            d = [(str(r["key"]), str(r["kind"]), str(r["name"]),
+                  distance(r, layers, k, bits, n, keccak256(str(r["key"]).encode()))) for r in runs]
+            cal = [v for key, kind, _, v in d if kind == "honest" and is_calibration_split(key)]
+            thr = pooled_threshold(cal)
+            honest_max = max(v for _, kind, _, v in d if kind == "honest")
+            rates = {}
+            for name in (*HONEST, *REPORTED):
+                held = [v for key, _, nm, v in d if nm == name and not is_calibration_split(key)]
+                every = [v for _, _, nm, v in d if nm == name]
+                rates[name] = {"held_out_rejected": [sum(v > thr for v in held), len(held)],
+                               "all_over_honest_max": [sum(v > honest_max for v in every), len(every)],
+                               "mean": statistics.fmean(every) if every else None}
+            entry["by_length"][str(n)] = {"threshold": thr, "honest_max": honest_max, "rates": rates}
+        result["configs"].append(entry)
+    out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    print_table(result)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """Print detection at 64 tokens per config: held-out (calibrated threshold) and all runs (over honest max)."""
+    names = REPORTED
+    print("| fingerprint | B/token | honest FP (held-out) | " + " | ".join(names) + " |")
+    print("|---|---:|---:|" + "---:|" * len(names))
+    t = result["toploc"]["64"]
+    hon = [sum(t[h][0] for h in HONEST if h in t), sum(t[h][1] for h in HONEST if h in t)]
+    print(f"| TOPLOC v1 (bf16 profile) | 8.06 | {hon[0]}/{hon[1]} (all) | "
+          + " | ".join(f"{t[a][0]}/{t[a][1]}" for a in names if a in t) + " |")
+    for c in result["configs"]:
+        b = c["by_length"]["64"]["rates"]
+        fp = [sum(b[h]["held_out_rejected"][i] for h in HONEST) for i in (0, 1)]
+        cells = [f"{b[a]['held_out_rejected'][0]}/{b[a]['held_out_rejected'][1]} "
+                 f"({b[a]['all_over_honest_max'][0]}/{b[a]['all_over_honest_max'][1]})" for a in names]
+        print(f"| {'+'.join(c['layers'])} k={c['k']} {c['bits']}-bit | {c['bytes_per_token']:g} | {fp[0]}/{fp[1]} | "
+              + " | ".join(cells) + " |")
+
+
+def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any] | None:
+    """Return the config within `budget` bytes/token, with no held-out honest rejection at any length, that
+    catches the most held-out 0.1 % and 0.3 % noise runs at 64 tokens (ties: fewer bytes, fewer sources)."""
+    def fp(c: dict[str, Any]) -> int:
+        return sum(c["by_length"][n]["rates"][h]["held_out_rejected"][0] for n in c["by_length"] for h in HONEST)
+
+    def caught(c: dict[str, Any]) -> int:
+        return sum(c["by_length"]["64"]["rates"][a]["held_out_rejected"][0] for a in ("noise-0.1pct", "noise-0.3pct"))
+
+    ok = [c for c in result["configs"] if c["bytes_per_token"] <= budget and fp(c) == 0]
+    return max(ok, key=lambda c: (caught(c), -c["bytes_per_token"], -len(c["layers"])), default=None)
+
+
+def write_profile_section(path: Path, config: dict[str, Any], source: str) -> None:
+    """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds."""
+    by_length = {n: v["threshold"] for n, v in config["by_length"].items()}
+    text = path.read_text()
+    head = text.split("\n[projection]")[0].rstrip("\n")
+    lines = [f"# {source}: sources {config['layers']}, k {config['k']}, {config['bits']} bits "
+             f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half",
+             "[projection]", f"max_distance = {max(by_length.values())!r}", "",
+             "[projection.by_length]",
+             *[f'"{n}" = {t!r}' for n, t in sorted(by_length.items(), key=lambda x: int(x[0]))]]
+    path.write_text(head + "\n\n" + "\n".join(lines) + "\n")
+
+
+def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path) -> None:
+    """Write a strip plot of one config's 64-token distances per group (honest variants, attacks)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
+    groups = ("threads2", "threads1", "nocache", "batch4", "noise-0.1pct", "noise-0.3pct", "noise-1pct")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for j, name in enumerate(groups):
+        values = [distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode())) for r in runs
+                  if str(r["name"]) == name]
+        ax.scatter([j] * len(values), values, s=12, color="tab:blue" if j < 4 else "tab:red")
+    ax.set_xticks(range(len(groups)), groups, rotation=30)
+    ax.set_ylabel("projection distance (64 tokens)")
+    ax.set_yscale("log")
+    ax.set_title(f"layer(s) {'+'.join(layers)}, k {k}, {bits} bits, validator {VALIDATOR[0]}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+def main() -> None:
+    """Parse arguments and run a phase."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("phase", choices=("record", "analyse", "plot"))
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/projection.json"))
+    parser.add_argument("--validator", choices=("fp32", "bf16"), default="fp32",
+                        help="which prefill the projections are compared with")
+    parser.add_argument("--profile", type=Path, default=None, help="write the chosen config's [projection] here")
+    args = parser.parse_args()
+    VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
+    if args.phase == "record":
+        record(args.dir, args.prompts)
+    elif args.phase == "plot":
+        plot_config(args.dir, ("7",), 4, 8, args.out)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        analyse(args.dir, args.out)
+        chosen = choose_config(json.loads(args.out.read_text()))
+        shown = chosen and {k: chosen[k] for k in ("layers", "k", "bits")}
+        print(f"chosen (≤ 4 B/token, 0 held-out honest rejections, most noise caught at 64): {shown}")
+        if chosen is not None and args.profile is not None:
+            write_profile_section(args.profile, chosen, f"scripts/calibrate_projection.py over {args.dir}")
+
+
+if __name__ == "__main__":
+    main()
