@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.logs import DISCARD
 
 from chain.errors import ChainError, ContractReverted
 from chain.training import AuditVote, TrainingContract, sign_audit_verdict
 from node.errors import Reason, RecoverableError
+from node.store.leveldb import Store, VerdictRecord
 from node.training.job import RunStopped
 
 log = logging.getLogger(__name__)
@@ -84,11 +86,27 @@ class ChainAudits:
         return get_audited_steps(contract, self.run_id, before)
 
 
+def compute_audit_id(run_id: bytes, step: int) -> int:
+    """Return the slashing-protection id of one audited step: uint256(keccak256(run id ‖ uint64 step))."""
+    return int.from_bytes(keccak(run_id + step.to_bytes(8, "big")), "big")
+
+
+def record_audit_vote(store: Store, run_id: bytes, step: int, head: bytes, valid: bool, reason: int) -> VerdictRecord:
+    """Record this validator's decision on an audited step (synced) before it is signed; a different decision
+    for the same step raises ConflictingVerdict (the store is opened for the Training contract's address)."""
+    return store.record_verdict(VerdictRecord(compute_audit_id(run_id, step), "0x" + head.hex(), valid, reason,
+                                              "0x" + bytes(32).hex(), 0))
+
+
 def submit_audit_vote(contract: TrainingContract, validator: LocalAccount, run_id: bytes, index: int, step: int,
-                      valid: bool, reason: int) -> str:
+                      valid: bool, reason: int, store: Store | None = None) -> str:
     """Sign and submit this validator's own vote on one audited step; return "counted", "settled" (this vote
-    settled it), "already-settled" or "skipped" (counted before)."""
+    settled it), "already-settled" or "skipped" (counted before). With a store, the decision is recorded
+    before the signature exists, and a step decided otherwise before is refused (ConflictingVerdict)."""
     head = contract.get_anchor(run_id, index).head
+    if store is not None:
+        recorded = record_audit_vote(store, run_id, step, head, valid, reason)
+        valid, reason = recorded.valid, recorded.reason
     signature = sign_audit_verdict(validator, int(contract.w3.eth.chain_id), contract.address, run_id, step, head,
                                    valid, reason)
     try:

@@ -37,6 +37,7 @@ from chain.errors import ContractReverted
 from chain.training import TrainingContract
 from node.errors import RecoverableError
 from node.protocol.ledger import InvalidTraining, LedgerEntry, TrainingReason
+from node.store.leveldb import ConflictingVerdict, Store
 from node.training.auditor import (
     AuditContext,
     AuditResponse,
@@ -131,6 +132,7 @@ class AuditorService:
     worker: CancellableWorker
     on_record: Callable[[dict[str, Any]], None] | None = None
     running: tuple[WatchedRun, int] | None = None
+    store: Store | None = None  # slashing protection: a decision is recorded (synced) before its vote is signed
 
     def process_run(self, run: WatchedRun) -> None:
         """Read new anchors of a run whose draw is ready, schedule their audits, stamp responses, vote late ones."""
@@ -301,7 +303,11 @@ class AuditorService:
         if not offchain:
             try:
                 record["submitted"] = submit_audit_vote(self.contract, self.validator, run.run_id,
-                                                        run.index_of[step], step, verdict.valid, int(verdict.reason))
+                                                        run.index_of[step], step, verdict.valid, int(verdict.reason),
+                                                        self.store)
+            except ConflictingVerdict as e:  # decided otherwise before (a restart): never sign the second decision
+                log.error("refusing to vote on step %d: %s", step, e)
+                record["submitted"] = "refused: decided otherwise before"
             except ContractReverted as e:  # e.g. past the verdict window: journaled, the loop goes on
                 record["submitted"] = f"reverted: {e.error}"
             except RecoverableError as e:
@@ -321,9 +327,10 @@ def run_auditor(runs: list[WatchedRun], *, rpc_url: str, contract_address: str, 
                 tolerance: AuditTolerance, trajectory: TrajectoryPolicy | None, journal: Path, timeout_s: float,
                 threads: int = 1) -> None:
     """Follow runs until each is finished and all its drawn audits are voted (or the timeout passes)."""
-    service = AuditorService(contract=get_training_contract(rpc_url, contract_address),
-                             validator=Account.from_key(validator_key), tolerance=tolerance, trajectory=trajectory,
-                             journal=journal, worker=CancellableWorker(threads))
+    contract = get_training_contract(rpc_url, contract_address)
+    store = Store(journal.parent / f"{journal.stem}.protection", int(contract.w3.eth.chain_id), contract.address)
+    service = AuditorService(contract=contract, validator=Account.from_key(validator_key), tolerance=tolerance,
+                             trajectory=trajectory, journal=journal, worker=CancellableWorker(threads), store=store)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -336,5 +343,6 @@ def run_auditor(runs: list[WatchedRun], *, rpc_url: str, contract_address: str, 
             service.collect_result(pending, timeout_s=0.3)
     finally:
         service.worker.close()
+        store.close()
     if any(not r.closed for r in runs):
         log.warning("auditor stopped with %d runs unfinished", sum(not r.closed for r in runs))

@@ -102,3 +102,21 @@ def test_a_non_validator_vote_is_refused(net):
     with pytest.raises(ContractReverted) as e:
         submit_audit_vote(training, dev_account(7), run, 0, 1, False, 709)
     assert e.value.error == "NotAValidator"
+
+
+def test_a_vote_is_recorded_before_it_is_signed_and_a_changed_mind_is_refused(net, tmp_path):
+    from node.store.leveldb import ConflictingVerdict, Store
+
+    _, w3, training, validators, prover, _ = net
+    run = keccak256(b"run-protect")
+    training.register_run(prover, run, keccak256(b"nonce-protect"), b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 10**18)
+    mine(w3, 2)
+    training.anchor(prover, run, 5, keccak256(b"head-protect"))
+    mine(w3, 2)
+    bad = int(TrainingReason.RECOMPUTE_MISMATCH)
+    with Store(tmp_path / "protection", int(w3.eth.chain_id), training.address) as store:
+        assert submit_audit_vote(training, validators[0], run, 0, 2, False, bad, store) == "counted"
+        assert [(v.valid, v.reason) for v in store.verdicts()] == [(False, bad)], "recorded, synced, before signing"
+        with pytest.raises(ConflictingVerdict):  # a restarted auditor that now finds the step valid signs nothing
+            submit_audit_vote(training, validators[0], run, 0, 2, True, 0, store)
+    assert training.audit_result(run, 2) == 0 and not training.has_voted(run, 2, validators[1].address)
