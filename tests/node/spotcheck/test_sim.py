@@ -13,7 +13,10 @@ def test_a_small_cluster_flags_exactly_the_cheaters(tmp_path):
               SimDeviceSpec(device_id="evict-half", behaviour="evict", evict_fraction=0.5),
               SimDeviceSpec(device_id="far", behaviour="far_state", far_delay_ms=1000),
               SimDeviceSpec(device_id="stale", behaviour="stale", stale_every=8))
-    config = SimConfig(devices=roster, arena_mib=2, layers=4, run_s=6, window_s=3, rate_hz=4, cpu_hog=False)
+    # windows of ≈ 24 challenges: the late tolerance at the measured honest late rate is then 3, and the far
+    # device is late on every state challenge (≈ 12 per window); 3-s windows gave it too few to tell from a stall
+    config = SimConfig(devices=roster, arena_mib=2, layers=4, run_s=12, window_s=6, rate_hz=4, cpu_hog=False)
+    assert config.get_policy().max_late == 3
     events = []
     result = run_sim(config, tmp_path, lambda kind, payload: events.append(kind))
     by_id = {d.device_id: d for d in result.devices}
