@@ -93,8 +93,12 @@ class CausalLmGraphExporter:
 
     ``load_model`` is called once, lazily, on the exporting thread (a verifier's or an executer's own
     copy: torch.func.functional_call swaps the parameters of the module it runs, so the serving model
-    must never be the one exported).
+    must never be the one exported). It traces in this process, so a recorder runs its exports only
+    when asked to (``wait_for_graphs`` / ``close``), never beside serving: torch.export patches
+    process-wide module hooks while it traces (a concurrent generation broke a trace: IndexError).
     """
+
+    runs_in_process = True
 
     def __init__(self, load_model: Callable[[], torch.nn.Module], model: str, model_id: str, dtype: str,
                  config: ExportConfig | None = None) -> None:
@@ -140,6 +144,8 @@ class ProcessGraphExporter(CausalLmGraphExporter):
     the model from its files and returns the exported graphs; the parent writes them (it stays the
     record's only writer).
     """
+
+    runs_in_process = False  # its own process: exports run as soon as a key is wanted, beside serving
 
     def __init__(self, model_dir: Path, model: str, model_id: str, dtype: str, config: ExportConfig | None = None,
                  nice: int = 10, threads: int = 1) -> None:

@@ -98,6 +98,10 @@ class InferenceRecorder:
         self._wanted: set[str] = set()
         self._exporter: threading.Thread | None = None
         self._abandon = False
+        # an exporter that traces in this process (torch.export patches process-wide module hooks while it
+        # traces) must never run beside serving: its exports wait for wait_for_graphs() / close(); one in its
+        # own child process (the executer's) runs as soon as a key is wanted
+        self._defer_exports = bool(getattr(graphs, "runs_in_process", False))
         if background:
             self._queue = queue.Queue()
             self._worker = threading.Thread(target=self._drain, name="workload-recorder", daemon=True)
@@ -129,10 +133,15 @@ class InferenceRecorder:
             if key.pending_id in self._wanted:
                 return
             self._wanted.add(key.pending_id)
+        self._exports.put(key)
+        if not self._defer_exports:
+            self._start_exporter()
+
+    def _start_exporter(self) -> None:
+        """Start the export thread (once)."""
         if self._exporter is None:
             self._exporter = threading.Thread(target=self._export_loop, name="workload-graph-export", daemon=True)
             self._exporter.start()
-        self._exports.put(key)
 
     def _export_loop(self) -> None:
         while True:
@@ -170,8 +179,9 @@ class InferenceRecorder:
             self._queue.join()
 
     def wait_for_graphs(self) -> None:
-        """Wait until every wanted graph pair is exported (or failed)."""
+        """Wait until every wanted graph pair is exported (or failed); deferred exports start now."""
         self.flush()
+        self._start_exporter()
         self._exports.join()
 
     def close(self, finish_exports: bool = True) -> None:
@@ -185,6 +195,8 @@ class InferenceRecorder:
             self._queue.put(None)
             self._worker.join()
             self._queue = self._worker = None
+        if finish_exports and self._defer_exports and self._exports.unfinished_tasks:
+            self._start_exporter()
         if self._exporter is not None:
             if not finish_exports:
                 self._abandon = True
