@@ -60,7 +60,7 @@ def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int,
     """Serve one real inference with recording on; return (model, trace id, generate s, record s, export s).
 
     The recorder's export thread exports the decode and verification graphs from its own copy of the
-    model while the inference is served; ``close()`` waits for it.
+    model once serving is done (an in-process exporter never traces beside a generation); ``close()`` runs it.
     """
     from node.checks.fingerprint import FingerprintThresholds
     from node.engines.models import get_model_spec, materialise_model
@@ -86,7 +86,7 @@ def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int,
     served = service.infer(prompt_ids, compute_prompt_hash(files.model_id, messages=messages),
                            SamplingParams(0.7, 0.95, 0, max_tokens), 42, None, {"messages": messages})
     total = time.perf_counter() - t0
-    recorder.close()  # the writer thread finishes the record, the export thread the graphs
+    recorder.close()  # the writer thread finishes the record, then the export thread exports the graphs
     say(f"served {len(served.generation.output_ids)} tokens in {total:.2f} s; recording cost the serving path "
         f"{timed.seconds * 1e3:.1f} ms, its writer thread {recorder.write_s * 1e3:.1f} ms; the export thread "
         f"exported the decode and verification graphs in {recorder.export_s:.1f} s")
