@@ -62,19 +62,11 @@ class MoeReason(IntEnum):
     ASSIGNMENT_UNCOVERED = 909
 
 
-# Until Reason carries the 9xx codes (see docs/moe.md), each maps to the closest existing code; the MoE code
-# itself travels in InvalidMoe.moe_reason.
-_FALLBACK = {MoeReason.MOE_MALFORMED: Reason.WIRE_MALFORMED, MoeReason.EXPERT_UNKNOWN: Reason.OUT_OF_RANGE,
-             MoeReason.ASSIGNMENT_UNCOVERED: Reason.OUT_OF_RANGE}
-
-
 class InvalidMoe(InvalidInput):
     """An MoE commitment, payload or assignment that can never become valid."""
 
     def __init__(self, message: str, reason: MoeReason, position: int | None = None) -> None:
-        code = Reason(int(reason)) if int(reason) in Reason._value2member_map_ else _FALLBACK.get(
-            reason, Reason.WIRE_MALFORMED)
-        super().__init__(message, code, position=position)
+        super().__init__(message, Reason(int(reason)), position=position)  # Reason carries every 9xx code
         self.moe_reason = reason
 
     def __str__(self) -> str:

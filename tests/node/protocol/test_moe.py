@@ -221,3 +221,9 @@ def test_the_committed_root_of_an_moe_model_binds_artifact_and_moe_roots():
     a, m = b"\x01" * 32, b"\x02" * 32
     assert compute_moe_artifact_root(a, m) == keccak256(a + m)
     assert compute_moe_artifact_root(a, m) != compute_moe_artifact_root(m, a)
+
+
+def test_every_moe_reason_is_the_nodes_reason_of_the_same_name():
+    from node.errors import Reason
+
+    assert all(Reason(int(r)).name == r.name for r in MoeReason if r is not MoeReason.OK)
