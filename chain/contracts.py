@@ -204,9 +204,9 @@ def abi_type(item: dict[str, Any]) -> str:
     return str(item["type"])
 
 
-def decode_revert(data: bytes) -> ContractReverted:
-    """Return the typed error for revert data (selector + ABI-encoded arguments)."""
-    name, types = _error_table().get(data[:4], ("", []))
+def decode_revert(data: bytes, path: Path = ARTIFACT) -> ContractReverted:
+    """Return the typed error for revert data (selector + ABI-encoded arguments) of the contract at `path`."""
+    name, types = _error_table(path).get(data[:4], ("", []))
     if not name:
         return ContractReverted("UnknownError", (), "0x" + data.hex())
     try:
@@ -420,6 +420,14 @@ def send(w3: Web3, account: LocalAccount, fn: Any, value: int = 0, timeout: floa
     if receipt["status"] != 1:
         raise ContractReverted("Reverted", (), receipt["transactionHash"].hex())
     return receipt
+
+
+def translate_module_error(exc: BaseException, path: Path) -> ChainError:
+    """Return translate_error's error, with a revert the hub's table does not know named from `path`'s ABI."""
+    err = translate_error(exc)
+    if isinstance(err, ContractReverted) and err.error == "UnknownError" and err.data.startswith("0x"):
+        return decode_revert(bytes.fromhex(err.data[2:]), path)
+    return err
 
 
 def translate_error(exc: BaseException) -> ChainError:

@@ -14,15 +14,14 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from eth_abi.abi import decode as abi_decode
 from eth_account.messages import encode_typed_data
 from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, _error_table, load_artifact, send, translate_error
-from chain.errors import ChainError, ContractReverted
+from chain.contracts import Hub, load_artifact, send, translate_module_error
+from chain.errors import ChainError
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "SpotCheck.json"
 DOMAIN_NAME, DOMAIN_VERSION = "verinfer-spotcheck", "1"
@@ -57,17 +56,7 @@ class WindowVote:
 
 
 def _translate(exc: BaseException) -> ChainError:
-    err = translate_error(exc)
-    if isinstance(err, ContractReverted) and err.error == "UnknownError" and err.data.startswith("0x"):
-        raw = bytes.fromhex(err.data[2:])
-        name, types = _error_table(ARTIFACT).get(raw[:4], ("", []))
-        if name:
-            try:
-                args = tuple(abi_decode(types, raw[4:]))
-            except Exception:  # malformed revert data is still a revert
-                args = ()
-            return ContractReverted(name, args, err.data)
-    return err
+    return translate_module_error(exc, ARTIFACT)
 
 
 def compute_window_typed_data(chain_id: int, contract: str, operator: str, run_id: bytes, window_id: bytes,

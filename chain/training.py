@@ -22,8 +22,8 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import decode_revert, send, translate_error
-from chain.errors import ChainError, ContractReverted
+from chain.contracts import decode_revert, send, translate_module_error
+from chain.errors import ChainError
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "Training.json"
 SOURCE = Path(__file__).resolve().parents[1] / "contracts" / "src" / "Training.sol"
@@ -58,20 +58,8 @@ def load_training_artifact() -> dict[str, Any]:
     return artifact
 
 
-@cache
-def _training_errors() -> dict[bytes, str]:
-    return {keccak(text=f"{e['name']}({','.join(i['type'] for i in e['inputs'])})")[:4]: e["name"]
-            for e in load_training_artifact()["abi"] if e["type"] == "error"}
-
-
 def _translate(exc: BaseException) -> ChainError:
-    err = translate_error(exc)
-    if isinstance(err, ContractReverted) and err.error == "UnknownError":
-        raw = bytes.fromhex(err.data[2:]) if err.data.startswith("0x") else b""
-        name = _training_errors().get(raw[:4])
-        if name:
-            return ContractReverted(name, (), err.data)
-    return err
+    return translate_module_error(exc, ARTIFACT)
 
 
 @dataclass(frozen=True)
