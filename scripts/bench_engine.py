@@ -5,7 +5,8 @@ For each backend (transformers; vLLM when importable, i.e. run it with .venv-vll
   prefill s           one teacher-forced pass over prompt + N generated tokens (the validator's work)
   prefill / generate  the ratio the protocol's economy rests on
   executer overhead   canonical sampler per token, artifact (leaves, Merkle root, zstd), fingerprints,
-                      each as a share of generation time
+                      each as a share of generation time; and their sum per sequence × --batch over the
+                      time to generate --batch requests together
   prefill % of peak   the prefill's useful FLOP/s (linear layers, causal attention, the lm_head on the
                       response positions only, counted from the model's config) ÷ this machine's fp32
                       matmul peak (a 2048² torch.mm at the same thread count)
@@ -70,7 +71,7 @@ def compute_prefill_flops(config: dict[str, Any], fed: int, logits: int) -> floa
 
 
 def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], tokens: int,
-                  repeats: int, config: dict[str, Any], peak: float) -> dict[str, Any]:
+                  repeats: int, config: dict[str, Any], peak: float, batch: int) -> dict[str, Any]:
     """Return the measurements for one backend."""
     params = SamplingParams(1.0, 1.0, 0, tokens)
     req = GenerationRequest(prompt, params, run_seed(1, 2), 5)  # no stop ids: always `tokens` tokens
@@ -90,6 +91,10 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
     sampler_s, _ = timed(lambda: [sample_position(r, params, 5, 12345) for r in rows], repeats)
     sampler_per_token = sampler_s / len(rows)
     n = len(gen.output_ids)
+    per_sequence_s = sampler_per_token * n + artifact_s + fingerprint_s  # the executer's own work per sequence
+    # batch: `batch` requests (distinct seeds) generated together; the executer's work is per sequence
+    reqs = [GenerationRequest(prompt, params, run_seed(1, 2 + i), 5) for i in range(batch)]
+    batch_s, _ = timed(lambda: engine.generate(reqs), max(1, repeats // 2))
     flops = compute_prefill_flops(config, len(prompt) + n - 1, n)
     return {
         "backend": engine.info.backend, "tokens": n, "prompt_tokens": len(prompt),
@@ -100,6 +105,8 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
         "fingerprint_ms": fingerprint_s * 1e3, "fingerprint_share": fingerprint_s / gen_s,
         "prefill_gflop": flops / 1e9, "prefill_gflops": flops / prefill_s / 1e9, "matmul_peak_gflops": peak / 1e9,
         "prefill_peak_fraction": flops / prefill_s / peak,
+        "overhead_share": per_sequence_s / gen_s, "batch": batch, "batch_generate_s": batch_s,
+        "batch_decode_tok_per_s": batch * n / batch_s, "batch_overhead_share": batch * per_sequence_s / batch_s,
     }
 
 
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=8, help="requests generated together for the batched overhead")
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench_engine.json"))
     args = parser.parse_args(argv)
     spec = get_model_spec(MODEL)
@@ -120,20 +128,23 @@ def main(argv: list[str] | None = None) -> int:
         engines.append(VllmEngine(files.path, MODEL))
     config = json.loads((Path(files.path) / "config.json").read_text())
     peak = measure_matmul_peak()
-    rows = [bench_backend(e, files.model_id, prompt, args.tokens, args.repeats, config, peak) for e in engines]
-    console = Console(width=160)
+    rows = [bench_backend(e, files.model_id, prompt, args.tokens, args.repeats, config, peak, args.batch)
+            for e in engines]
+    console = Console(width=200)
     table = Table(title=f"{MODEL} fp32 on CPU ({torch.get_num_threads()} threads), prompt {len(prompt)} + "
                         f"{args.tokens} tokens, median of {args.repeats}")
     for col in ("backend", "decode tok/s", "generate s", "prefill s", "generate ÷ prefill", "sampler ms/tok",
-                "sampler %", "artifact ms", "artifact %", "fingerprint ms", "fingerprint %", "prefill GFLOP/s",
-                "% of peak"):
+                "sampler %", "artifact ms", "artifact %", "fingerprint ms", "fingerprint %", "overhead %",
+                f"batch {args.batch} tok/s", f"overhead % at batch {args.batch}", "prefill GFLOP/s", "% of peak"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["backend"], f"{r['decode_tok_per_s']:.1f}", f"{r['generate_s']:.2f}", f"{r['prefill_s']:.3f}",
                       f"{r['generate_over_prefill']:.1f}×", f"{r['sampler_ms_per_token']:.2f}",
                       f"{100 * r['sampler_share']:.1f}", f"{r['artifact_ms']:.1f}", f"{100 * r['artifact_share']:.2f}",
                       f"{r['fingerprint_ms']:.1f}", f"{100 * r['fingerprint_share']:.2f}",
-                      f"{r['prefill_gflops']:.1f}", f"{100 * r['prefill_peak_fraction']:.0f}")
+                      f"{100 * r['overhead_share']:.1f}", f"{r['batch_decode_tok_per_s']:.1f}",
+                      f"{100 * r['batch_overhead_share']:.1f}", f"{r['prefill_gflops']:.1f}",
+                      f"{100 * r['prefill_peak_fraction']:.0f}")
     console.print(table)
     console.print(f"fp32 matmul peak (2048² torch.mm, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,14 @@
     .venv/bin/python scripts/bench_training.py [--shapes tiny,smollm2] [--repeats 3]
 
 Per model shape, one worker's step (forward + backward on its mini-batch, the SGD update) is timed
-in-process with one thread, as the job's workers run; the prover's additions are timed alone: the
-batch commitment, the gradient sketches (its replica's and the all-reduced one) with a precomputed
-plan, the ledger entry (named positions, seal, EIP-712 signature, LevelDB write) and the shadow's
-cost to the workers (a gloo all-reduce among N+1 instead of N processes). The auditor's recompute of
-one step (N replicas) gives k. Gas comes from anchoring on a real anvil. Prints a table and writes
-bench-results/training-bench.json.
+in-process with one thread, as the job's workers run, in CPU seconds of this process (--clock wall
+for wall-clock: on a shared machine other load moves wall-clock timings by 2x), at each --batches
+size. The prover's additions are timed alone: the batch commitment, the gradient sketches (its
+replica's and the all-reduced one) with a precomputed plan (A/B against the plan's former int32
+buckets), the ledger entry (named positions, seal, EIP-712 signature, LevelDB write) and the shadow's
+cost to the workers (a gloo all-reduce among N+1 instead of N processes, wall-clock). The auditor's
+recompute of one step (N replicas) gives k. Gas comes from anchoring on a real anvil. Prints a table
+and writes bench-results/training-bench.json.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ import torch.multiprocessing as mp
 from eth_account import Account
 from rich.console import Console
 from rich.table import Table
+from transformers import LlamaForCausalLM
 
 from node.protocol.hashing import keccak256
 from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
 from node.protocol.lsh import (
+    CHUNK,
+    ProjectionPlan,
     compute_named_positions,
     compute_projection_plan,
     compute_projection_with_plan,
@@ -54,6 +59,9 @@ from node.training.replay import compute_replay
 from node.training.spec import SMOLLM2_135M, ModelShape, RunSpec
 
 OUT = Path("bench-results/training-bench.json")
+# In-process timings (one thread) read this clock: the process's CPU seconds by default, which other load on a
+# shared machine barely moves; --clock wall for wall-clock seconds. The gloo all-reduces are always wall-clock.
+CLOCK: list[Callable[[], float]] = [time.process_time]
 SHAPES = {"tiny": ModelShape(), "smollm2": SMOLLM2_135M}
 
 
@@ -64,9 +72,9 @@ def timed_pair(before: Callable[[], Any], after: Callable[[], Any], repeats: int
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for fn, out in ((before, times[0]), (after, times[1])):
-            t = time.perf_counter()
+            t = CLOCK[0]()
             fn()
-            out.append(time.perf_counter() - t)
+            out.append(CLOCK[0]() - t)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
@@ -75,9 +83,9 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = CLOCK[0]()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(CLOCK[0]() - t)
     return statistics.median(times)
 
 
@@ -109,7 +117,7 @@ def measure_allreduce(world: int, n: int, repeats: int) -> float:
         return float(json.loads(Path(f.name).read_text()))
 
 
-def bench_shape(name: str, shape: ModelShape, repeats: int) -> dict[str, Any]:
+def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) -> dict[str, Any]:
     """Return the timings of one model shape."""
     torch.set_num_threads(1)
     spec = RunSpec(shape=shape, steps=10)
@@ -131,9 +139,10 @@ def bench_shape(name: str, shape: ModelShape, repeats: int) -> dict[str, Any]:
     plan = compute_projection_plan(spec.lsh_seed(), n, spec.lsh_dim)
     t_plan = time.perf_counter() - t0
     # each worker sketches its own gradient (in parallel); the all-reduced sketch is their mean (linearity)
-    # each worker sketches its own gradient (in parallel); the all-reduced sketch is their mean (linearity)
-    t_lsh = timed(lambda: compute_quantisation(compute_projection_with_plan(plan, grad.numpy()), spec.lsh_scale),
-                  repeats)
+    buckets32 = plan.buckets.astype(np.int32)  # the plan's bucket type before
+    t_lsh_before, t_lsh = timed_pair(
+        lambda: compute_quantisation(_sketch_before(plan, buckets32, grad.numpy()), spec.lsh_scale),
+        lambda: compute_quantisation(compute_projection_with_plan(plan, grad.numpy()), spec.lsh_scale), repeats)
     t_ledger = bench_ledger(spec, state, repeats)
     positions = compute_named_positions(b"b" * 32, 1, 2 * n, spec.named_positions)
     t_named_before, t_named = timed_pair(lambda: state.vector()[positions], lambda: get_named_values(state, positions),
@@ -147,7 +156,7 @@ def bench_shape(name: str, shape: ModelShape, repeats: int) -> dict[str, Any]:
     t_recompute = timed(lambda: compute_replay(spec, state, replica_windows, 1), max(1, repeats // 2))
     # before: the ledger (with Z built for the named values) on rank 0's critical path;
     # after: the named values gathered without Z, the ledger's CPU time in a background thread (still spent)
-    overhead_before = t_commit + t_lsh + t_ledger + (t_named_before - t_named) + t_shadow
+    overhead_before = t_commit + t_lsh_before + t_ledger + (t_named_before - t_named) + t_shadow
     overhead = t_commit + t_lsh + t_ledger + t_shadow
     critical = t_commit + t_lsh + t_shadow
     tokens = spec.batch_per_worker * spec.seq_len
@@ -161,7 +170,40 @@ def bench_shape(name: str, shape: ModelShape, repeats: int) -> dict[str, Any]:
             "critical_path_overhead_s": critical, "critical_path_overhead_ratio": critical / t_step_wall,
             "overhead_ratio": overhead / t_step_wall, "recompute_s": t_recompute, "k": t_recompute / t_step_wall,
             "tokens_per_worker_step": tokens, "tokens_per_worker_step_for_5pct_extrapolated": tokens_for_5pct,
-            "lsh_ns_per_param": 1e9 * t_lsh / n}
+            "lsh_ns_per_param": 1e9 * t_lsh / n, "lsh_before_s": t_lsh_before,
+            "by_batch": [bench_batch(spec, model, samples, b, repeats, t_lsh + t_ledger + t_shadow, t_ar2)
+                         for b in batches]}
+
+
+def _sketch_before(plan: ProjectionPlan, buckets32: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The sketch as computed before (int32 buckets widened by bincount, values cast each call): the A of A/B."""
+    flat = x.reshape(-1)
+    np.isfinite(flat).all()
+    out = np.zeros(plan.dim)
+    for start in range(0, plan.n, CHUNK):
+        stop = min(start + CHUNK, plan.n)
+        values = flat[start:stop].astype(np.float64) * plan.signs[start:stop]
+        out += np.bincount(buckets32[start:stop], weights=values, minlength=plan.dim)
+    return out
+
+
+def bench_batch(spec: RunSpec, model: LlamaForCausalLM, samples: np.ndarray, batch: int, repeats: int,
+                fixed_overhead_s: float, allreduce_s: float) -> dict[str, Any]:
+    """Return the measured step time and overhead ratio of one worker at `batch` sequences per worker-step."""
+    spec = spec.model_copy(update={"batch_per_worker": batch})
+    ids = get_batch_ids(spec, len(samples), 1, 0)
+    windows = samples[ids]
+    state = TrainState(0, get_params_vector(model), torch.zeros_like(get_params_vector(model)))
+
+    def step() -> None:
+        _, g = compute_local_gradient(model, windows)
+        compute_update(state, g, 0.01, 0.9)
+
+    t_step = timed(step, repeats) + allreduce_s
+    t_commit = timed(lambda: compute_batch_root(ids, windows.tolist()), repeats)
+    overhead = t_commit + fixed_overhead_s
+    return {"batch_per_worker": batch, "tokens_per_worker_step": batch * spec.seq_len, "step_wall_s": t_step,
+            "commit_s": t_commit, "overhead_s": overhead, "overhead_ratio": overhead / t_step}
 
 
 def bench_ledger(spec: RunSpec, state: TrainState, repeats: int) -> float:
@@ -220,10 +262,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="tiny,smollm2")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", default="2,8,16",
+                        help="sequences per worker-step at which the step (and so the overhead ratio) is measured")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="in-process timings in CPU seconds of this process (default) or wall-clock seconds")
     parser.add_argument("--gas", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
-    console = Console()
-    results = [bench_shape(s, SHAPES[s], args.repeats) for s in args.shapes.split(",")]
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    console = Console(width=220)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    results = [bench_shape(s, SHAPES[s], args.repeats, batches) for s in args.shapes.split(",")]
     gas = bench_gas([1, 5, 20, 100]) if args.gas else []
     table = Table("shape", "params", "step s", "commit s", "lsh s", "ledger s", "named gather s (before)",
                   "shadow s", "overhead before", "overhead after (CPU)", "after (critical path)", "recompute s", "k",
@@ -236,12 +284,22 @@ def main() -> None:
                       f"{100 * r['critical_path_overhead_ratio']:.1f} %", f"{r['recompute_s']:.3f}", f"{r['k']:.2f}",
                       f"{r['tokens_per_worker_step_for_5pct_extrapolated']:.0f}")
     console.print(table)
+    batch_table = Table("shape", "sequences / worker-step", "tokens / worker-step", "step s (+ all-reduce)",
+                        "commit s", "overhead s (CPU)", "overhead ÷ step",
+                        title="the overhead is per step; the step grows with the batch")
+    for r in results:
+        for b in r["by_batch"]:
+            batch_table.add_row(r["shape"], str(b["batch_per_worker"]), str(b["tokens_per_worker_step"]),
+                                f"{b['step_wall_s']:.3f}", f"{b['commit_s']:.5f}", f"{b['overhead_s']:.4f}",
+                                f"{100 * b['overhead_ratio']:.1f} %")
+    console.print(batch_table)
     gas_table = Table("m", "register gas", "anchor gas", "gas per anchored step")
     for g in gas:
         gas_table.add_row(str(g["m"]), str(g["register_gas"]), str(g["later_anchor_gas"]), f"{g['gas_per_step']:.0f}")
     console.print(gas_table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"shapes": results, "gas": gas, "numpy": np.__version__, "torch": torch.__version__},
+    OUT.write_text(json.dumps({"shapes": results, "gas": gas, "clock": args.clock, "numpy": np.__version__,
+                               "torch": torch.__version__},
                               indent=1))
     console.print(f"wrote {OUT}")
 
