@@ -130,20 +130,18 @@ def to_float32_array(logits: Any) -> np.ndarray:
 
 
 def compute_descending_order(values: np.ndarray) -> np.ndarray:
-    """Return token ids by descending float32 value, ties by lower id (one sort of unique uint64 keys)."""
+    """Return token ids by descending float32 value, ties by lower id."""
     v = np.asarray(values, dtype=np.float32)
     if np.signbit(v).any():  # negatives or -0.0: the general map from float order to integer order
         bits = (v + np.float32(0.0)).view(np.uint32)  # -0.0 -> +0.0
         descending = np.uint32(0xFFFFFFFF) - np.where(bits >> 31 == 1, ~bits, bits | np.uint32(0x80000000))
     else:  # probabilities: the bit patterns of non-negative floats are already in float order
         descending = np.uint32(0x7FFFFFFF) - v.view(np.uint32)
-    keys = descending.astype(np.uint64)
-    keys <<= np.uint64(20)
-    keys |= np.arange(v.size, dtype=np.uint64)  # ids < 2^20 (MAX_VOCAB)
-    keys.sort()
-    keys &= np.uint64(0xFFFFF)
-    order: np.ndarray = keys.view(np.int64)
-    return order
+    # ascending uint32 keys, ties by id: two stable passes on 16-bit halves (numpy radix-sorts 16-bit keys)
+    order = np.argsort((descending & np.uint32(0xFFFF)).astype(np.uint16), kind="stable")
+    high = (descending >> np.uint32(16)).astype(np.uint16)[order]
+    result: np.ndarray = order[np.argsort(high, kind="stable")].astype(np.int64, copy=False)
+    return result
 
 
 def compute_raw_logprobs(logits: np.ndarray) -> np.ndarray:

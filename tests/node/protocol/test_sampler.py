@@ -185,3 +185,13 @@ def test_descending_order_treats_signed_zeros_as_equal():
     from node.protocol.sampler import compute_descending_order
 
     assert compute_descending_order(f32([-0.0, 0.0, -1.0, 2.0])).tolist() == [3, 0, 1, 2]
+
+
+@pytest.mark.parametrize("size", [49_152, 262_144])
+def test_descending_order_of_a_vocabulary_sized_row_with_ties(size):
+    from node.protocol.sampler import compute_descending_order, compute_tempered_probs
+
+    rng = np.random.default_rng(size)
+    logits = np.round(rng.standard_normal(size) * 4, 1).astype(np.float32)  # many exact ties
+    for values in (logits, compute_tempered_probs(logits, 0.7)):
+        assert np.array_equal(compute_descending_order(values), np.lexsort((np.arange(size), -values)))
