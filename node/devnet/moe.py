@@ -84,6 +84,7 @@ class MoeInferenceRecord:
     duties: int = 0
     uncovered: int = 0
     checks: int = 0
+    undecided: int = 0  # drawn duties whose assigned holders split
     failed: dict[str, int] = field(default_factory=dict)  # duty → reason of a duty the chain settled failed
     slashed_wei: int = 0
     hub_status: str = ""
@@ -274,14 +275,16 @@ class MoeDevnet:
             ed.submit_verdicts(v.account, iid, votes)
             record.slashed_wei += before - hub.staker(op.account.address).stake
         for key in drawn:
-            if ed.duty_result(iid, compute_duty_key(key)) is DutyResult.FAILED:
+            result = ed.duty_result(iid, compute_duty_key(key))
+            if result is DutyResult.FAILED:
                 record.failed[str(key)] = reasons.get(key, int(MoeReason.MOE_MALFORMED))
+            record.undecided += result is DutyResult.OPEN
         self.settle_on_hub(hub, iid, served, record)
         record.seconds = round(time.monotonic() - started, 2)
         verdict = "valid" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
         slash = f"; slashed {record.slashed_wei / 1e18:g} ETH and jailed" if record.slashed_wei else ""
-        self.note(f"#{iid} {op.name}: {record.tokens} tokens, {record.duties} duties ({record.checks} checks): "
-                  f"{verdict}{slash}; hub {record.hub_status}")
+        self.note(f"#{iid} {op.name}: {record.tokens} tokens, {record.duties} duties drawn "
+                  f"({record.assign_gas:,} gas), {record.checks} checks: {verdict}{slash}; hub {record.hub_status}")
         return record
 
     def settle_on_hub(self, hub: Hub, iid: int, served: Served, record: MoeInferenceRecord) -> None:
@@ -289,7 +292,7 @@ class MoeDevnet:
         checked, committee = hub.selection_of(iid)
         if checked:
             by_address = {a.address: a for a in self.validator_keys}
-            valid = not record.failed and record.uncovered == 0
+            valid = not record.failed and record.uncovered == 0 and record.undecided == 0
             reason = 0 if valid else next(iter(record.failed.values()), int(MoeReason.ASSIGNMENT_UNCOVERED))
             votes = []
             for address in committee[: len(committee) // 2 + 1]:
