@@ -290,10 +290,12 @@ class MoeDevnet:
     def settle_on_hub(self, hub: Hub, iid: int, served: Served, record: MoeInferenceRecord) -> None:
         """Have a quorum of the hub committee vote the duties' outcome; record the hub status."""
         checked, committee = hub.selection_of(iid)
-        if checked:
+        # a duty nobody could judge, or whose holders split, is no evidence either way: no vote, and the inference
+        # settles unchecked when the window ends (never invalid for the validators' coverage gap)
+        if checked and (record.failed or (record.uncovered == 0 and record.undecided == 0)):
             by_address = {a.address: a for a in self.validator_keys}
-            valid = not record.failed and record.uncovered == 0 and record.undecided == 0
-            reason = 0 if valid else next(iter(record.failed.values()), int(MoeReason.ASSIGNMENT_UNCOVERED))
+            valid = not record.failed
+            reason = 0 if valid else next(iter(record.failed.values()))
             votes = []
             for address in committee[: len(committee) // 2 + 1]:
                 verdict = Verdict(iid, served.commitment.artifact_root, valid, reason, keccak256(b"moe-duties"),
