@@ -200,8 +200,8 @@ contract ExpertDuty is EIP712 {
         if (!checked) revert NotChecked(id);
         bytes32 randomness = keccak256(abi.encodePacked(hub.selectionSeed(id), "experts"));
         Holder[] memory holders = _holdersAt(inf.modelId, uint256(inf.commitBlock) - 1);
-        uint256 total;
-        uint256 uncovered;
+        uint256 total = 0;
+        uint256 uncovered = 0;
         for (uint256 k; k < nexperts + s.layers + 1; ++k) {
             uint32 duty;
             if (k < nexperts) {
@@ -257,8 +257,8 @@ contract ExpertDuty is EIP712 {
     {
         uint256 n = holders.length;
         bool[] memory pool = new bool[](n);
-        uint256 remaining;
-        uint256 eligible;
+        uint256 remaining = 0;
+        uint256 eligible = 0;
         for (uint256 i; i < n; ++i) {
             uint256[] memory bits = holders[i].bits;
             if (bits.length != 0 && bits[bit >> 8] & (1 << (bit & 0xFF)) != 0) {
@@ -271,7 +271,7 @@ contract ExpertDuty is EIP712 {
             emit DutyUncovered(id, duty, eligible);
             return false;
         }
-        uint64 assigned;
+        uint64 assigned = 0;
         for (uint256 j; j < perDuty; ++j) {
             // randomness from the block after the commit, as the hub's committee (documented on the hub)
             // slither-disable-next-line weak-prng
@@ -294,7 +294,7 @@ contract ExpertDuty is EIP712 {
     function _holdersAt(bytes32 modelId, uint256 atBlock) private view returns (Holder[] memory out) {
         uint256 n = hub.validatorCount();
         Holder[] memory all = new Holder[](n);
-        uint256 m;
+        uint256 m = 0;
         for (uint256 i; i < n; ++i) {
             address who = hub.validators(i);
             uint256 w = hub.weightAt(who, atBlock);
@@ -313,12 +313,19 @@ contract ExpertDuty is EIP712 {
         }
     }
 
-    /// @dev `who`'s holdings for an inference committed at `commitBlock`: its last declaration before that block.
+    /// @dev `who`'s holdings for an inference committed at `commitBlock`: its last declaration before that block
+    ///      (a binary search over its versions, whose blocks never decrease: declaring often after a commit cannot
+    ///      make that inference's draw expensive).
     function _holdingsAt(bytes32 modelId, address who, uint256 commitBlock) private view returns (uint256[] memory) {
-        for (uint256 v = declarations[modelId][who]; v > 0; --v) {
-            if (declaredAt[modelId][who][v] < commitBlock) return holdingBits[modelId][who][v];
+        mapping(uint256 => uint256) storage at = declaredAt[modelId][who];
+        uint256 lo = 0; // versions <= lo were declared before commitBlock (version 0: none)
+        uint256 hi = declarations[modelId][who]; // versions > hi were not
+        while (lo < hi) {
+            uint256 mid = (lo + hi + 1) / 2;
+            if (at[mid] < commitBlock) lo = mid;
+            else hi = mid - 1;
         }
-        return new uint256[](0);
+        return lo == 0 ? new uint256[](0) : holdingBits[modelId][who][lo];
     }
 
     // ---- verdicts -------------------------------------------------------------------------------
@@ -389,7 +396,7 @@ contract ExpertDuty is EIP712 {
     function assignedTo(uint256 id, uint32 duty) external view returns (address[] memory out) {
         uint64 assigned = duties[id][duty].assigned;
         out = new address[](_popcount(assigned));
-        uint256 j;
+        uint256 j = 0;
         for (uint256 i; assigned >> i != 0; ++i) {
             if ((assigned >> i) & 1 != 0) out[j++] = hub.validators(i);
         }

@@ -235,6 +235,30 @@ contract ExpertDutyTest is Fixture {
         assertEq(ed.assignedTo(later, key(1, 1)).length, 2, "the rest is still drawn");
     }
 
+    function cycleKey(uint256 v) internal pure returns (uint32) {
+        return (uint32(v % 2) << 16) | uint32(v / 2 % 2); // (0,0) (1,0) (0,1) (1,1) (0,0) (1,0)
+    }
+
+    function test_holdingsAtFindsTheDeclarationInForceAtEachCommit() public {
+        uint32[] memory only = new uint32[](1);
+        uint256[] memory blocks = new uint256[](6);
+        for (uint256 v; v < 6; ++v) {
+            only[0] = cycleKey(v);
+            vm.prank(vals[1]);
+            ed.declareHoldings(MODEL, false, only);
+            blocks[v] = vm.getBlockNumber();
+            vm.roll(vm.getBlockNumber() + 1 + v);
+        }
+        assertEq(ed.declarations(MODEL, vals[1]), 7, "setUp's and six more");
+        for (uint256 v; v < 6; ++v) {
+            assertTrue(ed.holdsAt(MODEL, vals[1], cycleKey(v), blocks[v] + 1), "in force from the next block");
+            if (v < 5) assertTrue(!ed.holdsAt(MODEL, vals[1], cycleKey(v + 1), blocks[v] + 1), "the next not yet");
+        }
+        assertTrue(ed.holdsAt(MODEL, vals[1], key(0, 0xFFFF), blocks[0]), "setUp's declaration before the first");
+        assertTrue(!ed.holdsAt(MODEL, vals[1], key(0, 0xFFFF), blocks[0] + 1), "replaced after it");
+        assertTrue(!ed.holdsAt(MODEL, vals[0], key(0, 0), 1), "nothing declared that early");
+    }
+
     function test_windowsShapesAndParams() public {
         uint256 id = committedMoe(opening());
         vm.roll(vm.getBlockNumber() + 100);
