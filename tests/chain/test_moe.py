@@ -116,3 +116,39 @@ def test_the_chain_draws_what_the_protocol_draws_and_a_failed_expert_slashes_onc
     with pytest.raises(ContractReverted) as info:
         ed.assign_duties(net.requester, inference_id, opening)
     assert info.value.error == "AlreadyAssigned"
+
+
+def test_a_duty_with_too_few_holders_at_the_commit_stays_uncovered_as_in_the_protocol(anvil_net: Net) -> None:
+    net = anvil_net
+    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
+    ed.set_shape(net.admin, MODEL_ID, LAYERS, EXPERTS)
+    before = [*holdings()[:2], frozenset()]  # vals[2] holds nothing yet
+    for account, holds in zip(net.validators, before, strict=True):
+        ed.declare_holdings(account, MODEL_ID, None if holds is None else sorted(compute_duty_key(k) for k in holds))
+    net.mine(1)
+    moe = make_commitment(seed=3, layers=LAYERS, experts=EXPERTS)
+    inference_id = net.hub.call("nextInferenceId") + 1
+    _, artifact = honest_artifact(inference_id)
+    h = artifact.header
+    net.hub.request_inference(net.requester, net.operator.address, MODEL_ID, keccak256(b"prompt"), USER_SEED,
+                              Params(h.temperature_bits, h.top_p_bits, h.top_k, h.max_tokens), FEE)
+    output_hash = keccak256(b"output")
+    net.hub.commit_inference(net.operator, inference_id,
+                             Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(DENSE_FP, moe.root())))
+    ed.declare_holdings(net.validators[2], MODEL_ID, None)  # after the commit: does not count for it
+    net.mine(2)
+    router_root, counts, roots = moe.opening()
+    opening = MoeOpening(output_hash, artifact.root, DENSE_FP, router_root, tuple(counts), tuple(roots))
+    receipt = ed.assign_duties(net.requester, inference_id, opening)
+    commit_block = net.hub.get_inference(inference_id).commit_block
+    holders = [Holder(bytes.fromhex(a.address[2:]), net.hub.call("weightAt", a.address, commit_block - 1), holds)
+               for a, holds in zip(net.validators, before, strict=True)]
+    randomness = compute_duty_randomness(bytes(net.hub.call("selectionSeed", inference_id)))
+    want, uncovered = compute_covered_assignment(randomness, compute_used_experts(moe), holders, 2)
+    assert uncovered, "layer 1's experts and the link have one holder"
+    assert ed.opened(inference_id).uncovered == len(uncovered)
+    events = ed.get_events("DutyUncovered", int(receipt["blockNumber"]))
+    assert sorted(parse_duty_key(int(e["args"]["duty"])) for e in events) == uncovered
+    drawn = ed.assignments(inference_id, int(receipt["blockNumber"]))
+    assert {parse_duty_key(k): v for k, v in drawn.items()} == \
+        {k: [Web3.to_checksum_address(a) for a in v] for k, v in want.items()}
