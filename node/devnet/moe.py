@@ -105,8 +105,7 @@ class Served:
 
 
 def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, ...]:
-    """Return validator `index`'s duties: expert columns index, index + 1 (mod experts), every router, and the link
-    for even indexes."""
+    """Return validator `index`'s duties: experts index and index + 1 (mod E) of each layer, routers, link if even."""
     columns = {index % experts, (index + 1) % experts}
     keys = [ExpertKey(L, e) for L in range(layers) for e in sorted(columns)]
     keys += [ExpertKey(L, ROUTER) for L in range(layers)]
