@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from node.devnet.moe import MoeDevnetOptions, compute_holdings, run_moe_devnet
@@ -17,6 +18,7 @@ def test_every_duty_of_the_tiny_moe_has_two_holders_among_four_validators() -> N
         assert sum(key in h for h in held) >= 2, key
 
 
+@pytest.mark.e2e
 def test_the_int8_expert_operator_is_slashed_through_the_module_and_the_honest_one_is_paid(tmp_path: Path) -> None:
     options = MoeDevnetOptions(model="tiny-moe", validators=5, rounds=2, tokens=8, cheat_expert="layer1.e1",
                                out=tmp_path)
