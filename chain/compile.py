@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = REPO_ROOT / "contracts"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SOLC_VERSION = "0.8.28"
-DEPLOYED = ("Verinfer", "ProtocolViews", "Training", "SpotCheck")  # contracts whose artifacts are committed
+DEPLOYED = ("Verinfer", "ProtocolViews", "Training", "SpotCheck", "ExpertDuty")  # artifacts committed
 SETTINGS: dict[str, Any] = {
     "evmVersion": "cancun",
     "viaIR": True,  # the hub fits EIP-170's 24,576 bytes only through the IR pipeline (25.6 KB without)

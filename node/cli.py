@@ -175,9 +175,15 @@ def devnet(
     tokens: int = typer.Option(32, min=4, max=512, help="Generated tokens per request."),
     threads: int = typer.Option(1, min=1, help="torch threads per process."),
     out: Path = typer.Option(Path("devnet-out"), help="Logs, node state, devnet.json and the plot."),
+    model: str | None = typer.Option(None, "--model", help="A registered model; an MoE one runs the MoE devnet."),
 ) -> None:
     """A local network: anvil + contract, an honest and three cheating operators, validators, a requester."""
     from node.devnet import DevnetOptions, run_devnet
+
+    if model is not None:
+        from node.devnet.moe import run_devnet_for_model
+
+        raise typer.Exit(run_devnet_for_model(model, rounds, validators, tokens, threads, out, console))
 
     options = DevnetOptions(rounds=rounds, validators=validators, committee=min(committee, validators),
                             tokens=tokens, threads=threads, out=out)

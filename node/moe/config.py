@@ -75,7 +75,9 @@ class MoeDutiesConfig(BaseModel):
 class DutyValidator:
     """Holds only the weights of its configured duties and judges them on one inference."""
 
-    def __init__(self, model_dir: Path, config: MoeDutiesConfig, limits: MoeLimits) -> None:
+    def __init__(self, model_dir: Path, config: MoeDutiesConfig, limits: MoeLimits,
+                 cache: dict[ExpertKey, Any] | None = None) -> None:
+        """Load the configured duties' tensors (through `cache` if given: in-process validators share copies)."""
         keys = config.keys()
         if keys is None:
             raise InvalidMoe("a duty validator needs at least one duty; a whole-model validator runs stage 2",
@@ -84,13 +86,17 @@ class DutyValidator:
         self.experts: dict[ExpertKey, ExpertWeights] = {}
         self.routers: dict[int, torch.Tensor] = {}
         self.shared: Any = None
+        store: dict[ExpertKey, Any] = {} if cache is None else cache
         for key in sorted(keys):
+            if key not in store:
+                store[key] = load_shared(model_dir) if key.expert == SHARED else \
+                    load_router(model_dir, key.layer) if key.expert == ROUTER else load_expert(model_dir, key)
             if key.expert == SHARED:
-                self.shared = load_shared(model_dir)
+                self.shared = store[key]
             elif key.expert == ROUTER:
-                self.routers[key.layer] = load_router(model_dir, key.layer)
+                self.routers[key.layer] = store[key]
             else:
-                self.experts[key] = load_expert(model_dir, key)
+                self.experts[key] = store[key]
 
     def weight_bytes(self) -> int:
         """Return the bytes of every tensor this validator holds."""

@@ -12,8 +12,8 @@ Trees are OpenZeppelin-compatible (node.protocol.merkle). Each expert (L, e) has
 leaves in position order, so one expert's leaves prove alone; a summary leaf
 `uint16 L ‖ uint16 e ‖ uint32 count ‖ bytes32 expertRoot` per expert (every expert of every layer, in
 order, empty ones with count 0 and root 0) forms expertsRoot; the router leaves, ordered by (L, t), form
-routerRoot; `moeRoot = keccak256(routerRoot ‖ expertsRoot)`, and an MoE model's committed artifact root is
-`keccak256(artifactRoot ‖ moeRoot)`.
+routerRoot; `moeRoot = keccak256(routerRoot ‖ expertsRoot)`, and an MoE model's committed fingerprint hash is
+`keccak256(fingerprintHash ‖ moeRoot)` (the artifact root stays the dense one, so the hub's fraud proofs hold).
 """
 
 from __future__ import annotations
@@ -263,6 +263,15 @@ class MoeCommitment:
         """Return moeRoot = keccak256(routerRoot ‖ expertsRoot)."""
         return keccak256(self.router_root() + compute_merkle_root(self.summary_leaf_hashes()))
 
+    def opening(self) -> tuple[bytes, list[int], list[bytes]]:
+        """Return (routerRoot, per-expert leaf counts, per-expert roots) in commitment order: what opens moeRoot."""
+        counts, roots = [], []
+        for key in self.expert_keys():
+            leaves = self.leaves_of(key)
+            counts.append(len(leaves))
+            roots.append(compute_expert_root(leaves) if leaves else ZERO32)
+        return self.router_root(), counts, roots
+
     def expert_proof(self, key: ExpertKey) -> ExpertProof:
         """Return what proves one expert's leaves against moeRoot without the rest."""
         index = self.expert_keys().index(key)
@@ -280,9 +289,53 @@ class ExpertProof:
     router_root: bytes
 
 
-def compute_moe_artifact_root(artifact_root: bytes, moe_root: bytes) -> bytes:
-    """Return the root an MoE model commits on chain: keccak256(artifactRoot ‖ moeRoot)."""
-    return keccak256(artifact_root + moe_root)
+def compute_moe_fingerprint_hash(fingerprint_hash: bytes, moe_root: bytes) -> bytes:
+    """Return the fingerprint hash an MoE model commits on chain: keccak256(fingerprintHash ‖ moeRoot).
+
+    The hub never reads the fingerprint hash, so binding moeRoot there leaves the artifact root, and every
+    fraud proof the hub recomputes from it, as for a dense model (contracts/src/ExpertDuty.sol opens it).
+    """
+    if len(fingerprint_hash) != 32 or len(moe_root) != 32:
+        raise InvalidMoe("fingerprint hash and moeRoot are 32 bytes each", MoeReason.MOE_MALFORMED)
+    return keccak256(fingerprint_hash + moe_root)
+
+
+def compute_duty_key(key: ExpertKey) -> int:
+    """Return a duty's uint32 key on chain: uint16 layer ‖ uint16 expert (ROUTER, SHARED included)."""
+    return (key.layer << 16) | key.expert
+
+
+def parse_duty_key(value: int) -> ExpertKey:
+    """Return the ExpertKey of an on-chain uint32 duty key."""
+    if not 0 <= value < 2**32:
+        raise InvalidMoe(f"duty key {value} is not a uint32", MoeReason.EXPERT_UNKNOWN)
+    return ExpertKey(value >> 16, value & 0xFFFF)
+
+
+def compute_duty_randomness(selection_seed: bytes) -> bytes:
+    """Return the randomness of the on-chain expert draw: keccak256(hub selection seed ‖ "experts")."""
+    if len(selection_seed) != 32:
+        raise InvalidMoe("a selection seed is 32 bytes", MoeReason.MOE_MALFORMED)
+    return keccak256(selection_seed + b"experts")
+
+
+def compute_covered_assignment(randomness: bytes, duties: Iterable[ExpertKey], holders: Sequence[Holder],
+                               per_duty: int) -> tuple[dict[ExpertKey, tuple[bytes, ...]], list[ExpertKey]]:
+    """Return (the draw of every duty with enough holders, the duties left uncovered), as ExpertDuty.sol draws.
+
+    The chain never judges a duty with fewer than per_duty holders, and does not let one uncovered duty stop
+    the others from being checked; each duty's draw is compute_expert_assignment's for that duty alone.
+    """
+    assigned: dict[ExpertKey, tuple[bytes, ...]] = {}
+    uncovered: list[ExpertKey] = []
+    for key in sorted(set(duties)):
+        try:
+            assigned.update(compute_expert_assignment(randomness, [key], holders, per_duty))
+        except InvalidMoe as e:
+            if e.moe_reason is not MoeReason.ASSIGNMENT_UNCOVERED:
+                raise
+            uncovered.append(key)
+    return assigned, uncovered
 
 
 def verify_expert_leaves(leaves: Sequence[ExpertLeaf], proof: ExpertProof, moe_root: bytes) -> bool:

@@ -6,7 +6,7 @@ from chain.contracts import load_artifact
 
 def test_committed_artifacts_are_fresh():
     files = compile_artifacts()
-    assert set(files) == {"Verinfer.json", "ProtocolViews.json", "Training.json", "SpotCheck.json"}
+    assert set(files) == {"Verinfer.json", "ProtocolViews.json", "Training.json", "SpotCheck.json", "ExpertDuty.json"}
     assert find_stale(files) == [], "run `python -m chain.compile` and commit chain/artifacts/"
 
 

@@ -215,12 +215,42 @@ def test_moe_root_golden_vector():
     assert make_commitment().root().hex() == "b12bb73e7a646ffdb8cd4a9d09acdcd960982524553f182c93b0ddb34aa02ed5"
 
 
-def test_the_committed_root_of_an_moe_model_binds_artifact_and_moe_roots():
-    from node.protocol.moe import compute_moe_artifact_root
+def test_the_committed_fingerprint_hash_of_an_moe_model_binds_the_moe_root():
+    from node.protocol.moe import compute_moe_fingerprint_hash
 
-    a, m = b"\x01" * 32, b"\x02" * 32
-    assert compute_moe_artifact_root(a, m) == keccak256(a + m)
-    assert compute_moe_artifact_root(a, m) != compute_moe_artifact_root(m, a)
+    f, m = b"\x01" * 32, b"\x02" * 32
+    assert compute_moe_fingerprint_hash(f, m) == keccak256(f + m)
+    assert compute_moe_fingerprint_hash(f, m) != compute_moe_fingerprint_hash(m, f)
+    with pytest.raises(InvalidMoe):
+        compute_moe_fingerprint_hash(f, m[:31])
+
+
+def test_the_opening_rebuilds_the_moe_root_and_the_covered_draw_is_the_per_duty_draw():
+    from node.protocol.merkle import compute_leaf_hash
+    from node.protocol.moe import (
+        compute_covered_assignment,
+        compute_duty_key,
+        parse_duty_key,
+    )
+
+    c = make_commitment()
+    router_root, counts, roots = c.opening()
+    summaries = [compute_leaf_hash(L.to_bytes(2, "big") + e.to_bytes(2, "big") + n.to_bytes(4, "big") + r)
+                 for (L, e), n, r in zip(((k.layer, k.expert) for k in c.expert_keys()), counts, roots, strict=True)]
+    assert keccak256(router_root + compute_merkle_root(summaries)) == c.root()
+    assert sum(counts) == sum(len(v) for v in c.experts.values())
+    for key in (ExpertKey(3, 1), ExpertKey(2, ROUTER), ExpertKey(0, SHARED)):
+        assert parse_duty_key(compute_duty_key(key)) == key
+    assert compute_duty_key(ExpertKey(1, 3)) == 0x00010003
+    hs = holders()
+    scarce = [Holder(h.address, h.stake, frozenset({ExpertKey(0, 0)})) for h in hs[:1]] + \
+        [Holder(h.address, h.stake, frozenset()) for h in hs[1:]]
+    duties = [ExpertKey(0, 0), ExpertKey(1, 3)]
+    assigned, uncovered = compute_covered_assignment(bytes(range(32)), duties, scarce, 1)
+    assert uncovered == [ExpertKey(1, 3)]
+    assert assigned == compute_expert_assignment(bytes(range(32)), [ExpertKey(0, 0)], scarce, 1)
+    full, none_left = compute_covered_assignment(bytes(range(32)), duties, hs, 2)
+    assert none_left == [] and full == compute_expert_assignment(bytes(range(32)), duties, hs, 2)
 
 
 def test_every_moe_reason_is_the_nodes_reason_of_the_same_name():

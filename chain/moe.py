@@ -1,0 +1,218 @@
+"""Typed client for the ExpertDuty module (contracts/src/ExpertDuty.sol): holdings, duty draws, expert verdicts.
+
+A duty is its uint32 key on chain, `uint16 layer ‖ uint16 expert` (node.protocol.moe.compute_duty_key).
+
+An MoE operator binds its commitment into the hub's fingerprint hash (``compute_moe_fingerprint_hash``);
+anyone opens it on the module (``assign_duties``), which draws, per duty the inference used, ``perDuty``
+validators among those that declared holding it before the commit. An assigned validator signs an
+``ExpertVerdict`` in the module's own EIP-712 domain ("verinfer-experts", "1"); anyone relays it; a majority of
+a duty's assigned validators settles it, and a failed duty of a punitive model slashes and jails the operator
+on the hub (``Verinfer.slashForModule``, granted to the module with ``MODULE_ROLE``), once per inference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from eth_account.messages import encode_typed_data
+from eth_account.signers.local import LocalAccount
+from eth_utils.crypto import keccak
+from web3 import Web3
+from web3.types import TxReceipt
+
+from chain.contracts import Hub, load_artifact, send, translate_module_error
+from chain.errors import ChainError
+
+ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "ExpertDuty.json"
+DOMAIN_NAME, DOMAIN_VERSION = "verinfer-experts", "1"
+VERDICT_FIELDS = [{"name": "inferenceId", "type": "uint256"}, {"name": "duty", "type": "uint32"},
+                  {"name": "moeRoot", "type": "bytes32"}, {"name": "valid", "type": "bool"},
+                  {"name": "reason", "type": "uint16"}, {"name": "scoresDigest", "type": "bytes32"}]
+MODULE_ROLE = keccak(text="MODULE_ROLE")
+
+
+class DutyResult(IntEnum):
+    """A duty's state on chain."""
+
+    OPEN = 0
+    PASSED = 1
+    FAILED = 2
+
+
+@dataclass(frozen=True)
+class MoeOpening:
+    """What opens an MoE inference's commitment on the module (ExpertDuty.MoeOpening)."""
+
+    output_hash: bytes
+    artifact_root: bytes
+    fingerprint_hash: bytes  # the dense one, before moeRoot is bound in
+    router_root: bytes
+    counts: tuple[int, ...]
+    expert_roots: tuple[bytes, ...]
+
+    def as_tuple(self) -> tuple[bytes, bytes, bytes, bytes, list[int], list[bytes]]:
+        """Return the ABI tuple."""
+        return (self.output_hash, self.artifact_root, self.fingerprint_hash, self.router_root, list(self.counts),
+                list(self.expert_roots))
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An opened inference on the module."""
+
+    moe_root: bytes
+    model_id: bytes
+    commit_block: int
+    duties: int
+    uncovered: int
+    slashed: bool
+
+
+@dataclass(frozen=True)
+class ExpertVote:
+    """One assigned validator's signed verdict on one duty (ExpertDuty.ExpertVote)."""
+
+    duty: int
+    valid: bool
+    reason: int
+    scores_digest: bytes
+    signature: bytes
+
+    def as_tuple(self) -> tuple[int, bool, int, bytes, bytes]:
+        """Return the ABI tuple."""
+        return (self.duty, self.valid, self.reason, self.scores_digest, self.signature)
+
+
+def _translate(exc: BaseException) -> ChainError:
+    return translate_module_error(exc, ARTIFACT)
+
+
+def compute_expert_typed_data(chain_id: int, contract: str, inference_id: int, duty: int, moe_root: bytes,
+                              valid: bool, reason: int, scores_digest: bytes) -> dict[str, Any]:
+    """Return the EIP-712 typed data of an expert verdict."""
+    return {"types": {"EIP712Domain": [{"name": "name", "type": "string"}, {"name": "version", "type": "string"},
+                                       {"name": "chainId", "type": "uint256"},
+                                       {"name": "verifyingContract", "type": "address"}],
+                      "ExpertVerdict": VERDICT_FIELDS},
+            "primaryType": "ExpertVerdict",
+            "domain": {"name": DOMAIN_NAME, "version": DOMAIN_VERSION, "chainId": chain_id,
+                       "verifyingContract": Web3.to_checksum_address(contract)},
+            "message": {"inferenceId": inference_id, "duty": duty, "moeRoot": moe_root,
+                        "valid": valid, "reason": reason, "scoresDigest": scores_digest}}
+
+
+def compute_expert_digest(chain_id: int, contract: str, inference_id: int, duty: int, moe_root: bytes,
+                          valid: bool, reason: int, scores_digest: bytes) -> bytes:
+    """Return the digest ExpertDuty.verdictDigest() returns."""
+    m = encode_typed_data(full_message=compute_expert_typed_data(
+        chain_id, contract, inference_id, duty, moe_root, valid, reason, scores_digest))
+    return keccak(b"\x19" + m.version + m.header + m.body)
+
+
+def sign_expert_vote(account: LocalAccount, chain_id: int, contract: str, inference_id: int, duty: int,
+                     moe_root: bytes, valid: bool, reason: int, scores_digest: bytes) -> ExpertVote:
+    """Return an assigned validator's signed verdict on one duty."""
+    typed = compute_expert_typed_data(chain_id, contract, inference_id, duty, moe_root, valid, reason, scores_digest)
+    signature = bytes(account.sign_message(encode_typed_data(full_message=typed)).signature)
+    return ExpertVote(duty, valid, reason, scores_digest, signature)
+
+
+class ExpertDutyClient:
+    """The ExpertDuty module at one address, driven by locally held keys."""
+
+    def __init__(self, w3: Web3, address: str) -> None:
+        self.w3 = w3
+        self.address = Web3.to_checksum_address(address)
+        self.contract = w3.eth.contract(address=self.address, abi=load_artifact(ARTIFACT)["abi"])
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call a view; reverts raise ContractReverted with the module's error name."""
+        try:
+            return getattr(self.contract.functions, name)(*args).call()
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+
+    def transact(self, account: LocalAccount, name: str, *args: Any) -> TxReceipt:
+        """Sign and send a transaction and wait for its receipt."""
+        try:
+            return send(self.w3, account, getattr(self.contract.functions, name)(*args))
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+
+    def set_shape(self, account: LocalAccount, model_id: bytes, layers: int, experts: int) -> TxReceipt:
+        """Set an MoE model's shape (`account` must be a hub governor; once per model)."""
+        return self.transact(account, "setShape", model_id, layers, experts)
+
+    def declare_holdings(self, account: LocalAccount, model_id: bytes, keys: Sequence[int] | None) -> TxReceipt:
+        """Declare the duty keys `account` holds the weights for (None: the whole model); counts for later commits."""
+        return self.transact(account, "declareHoldings", model_id, keys is None, list(keys or ()))
+
+    def holds_at(self, model_id: bytes, validator: str, duty: int, commit_block: int) -> bool:
+        """Return whether a validator held a duty for an inference committed at `commit_block`."""
+        return bool(self.call("holdsAt", model_id, Web3.to_checksum_address(validator), duty,
+                              commit_block))
+
+    def assign_duties(self, account: LocalAccount, inference_id: int, opening: MoeOpening) -> TxReceipt:
+        """Open a checked inference's MoE commitment and draw its duties (anyone may, once)."""
+        return self.transact(account, "assignDuties", inference_id, opening.as_tuple())
+
+    def opened(self, inference_id: int) -> Opened:
+        """Return an inference's record on the module (commit_block 0: not opened)."""
+        r = self.call("opened", inference_id)
+        return Opened(bytes(r[0]), bytes(r[1]), int(r[2]), int(r[3]), int(r[4]), bool(r[5]))
+
+    def assigned_to(self, inference_id: int, duty: int) -> list[str]:
+        """Return the validators assigned to a duty, in hub slot order (empty: not drawn)."""
+        return [Web3.to_checksum_address(a) for a in self.call("assignedTo", inference_id, duty)]
+
+    def assignments(self, inference_id: int, from_block: int) -> dict[int, list[str]]:
+        """Return every duty key drawn for an inference with its validators, from its DutyAssigned events."""
+        out: dict[int, list[str]] = {}
+        for ev in self.get_events("DutyAssigned", from_block, argument_filters={"inferenceId": inference_id}):
+            out.setdefault(int(ev["args"]["duty"]), []).append(
+                Web3.to_checksum_address(ev["args"]["validator"]))
+        return out
+
+    def duty_result(self, inference_id: int, duty: int) -> DutyResult:
+        """Return a duty's result."""
+        return DutyResult(int(self.call("duties", inference_id, duty)[3]))
+
+    def submit_verdicts(self, account: LocalAccount, inference_id: int, votes: Sequence[ExpertVote]) -> TxReceipt:
+        """Relay assigned validators' signed verdicts (counted ones and votes on settled duties are skipped)."""
+        return self.transact(account, "submitExpertVerdicts", inference_id, [v.as_tuple() for v in votes])
+
+    def verdict_digest(self, inference_id: int, duty: int, moe_root: bytes, valid: bool, reason: int,
+                       scores_digest: bytes) -> bytes:
+        """Return the contract's digest of an expert verdict (to cross-check compute_expert_digest)."""
+        return bytes(self.call("verdictDigest", inference_id, duty, moe_root, valid, reason,
+                               scores_digest))
+
+    def get_events(self, name: str, from_block: int, to_block: int | str = "latest",
+                   argument_filters: dict[str, Any] | None = None) -> list[Any]:
+        """Return decoded logs of one event in a block range."""
+        try:
+            event = getattr(self.contract.events, name)()
+            return list(event.get_logs(from_block=from_block, to_block=to_block, argument_filters=argument_filters))
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+
+
+def deploy_expert_duty(w3: Web3, account: LocalAccount, hub: Hub, per_duty: int = 2) -> ExpertDutyClient:
+    """Deploy the module beside `hub` and grant it MODULE_ROLE (`account` must be the hub's admin)."""
+    art = load_artifact(ARTIFACT)
+    factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
+    try:
+        receipt = send(w3, account, factory.constructor(hub.address, per_duty))
+    except Exception as exc:  # translated below
+        raise _translate(exc) from exc
+    client = ExpertDutyClient(w3, str(receipt["contractAddress"]))
+    hub.transact(account, "grantRole", MODULE_ROLE, client.address)
+    return client
+
+
+__all__ = ["DutyResult", "ExpertDutyClient", "ExpertVote", "MoeOpening", "Opened", "compute_expert_digest",
+           "compute_expert_typed_data", "deploy_expert_duty", "sign_expert_vote"]

@@ -1,0 +1,427 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.28;
+
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {Verinfer} from "./Verinfer.sol";
+import {ModelRegistry} from "./ModelRegistry.sol";
+
+/// @title Expert duties of a checked MoE inference (docs/moe.md): validators declare the experts they hold, each
+///        duty an inference used is drawn, stake-weighted, among its holders, and only they judge it.
+/// @notice The operator binds its MoE commitment into the hub's: the fingerprint hash it commits is
+///         keccak256(fingerprintHash ‖ moeRoot), moeRoot = keccak256(routerRoot ‖ expertsRoot) over one summary
+///         leaf per expert (node/protocol/moe.py). Anyone opens it here (`assignDuties`) with the per-expert
+///         counts and roots; the duties are every expert with a leaf, every layer's router and the link. Each
+///         gets `perDuty` distinct validators drawn from those holding it, a majority of whom settles it; a failed
+///         duty of a punitive model slashes and jails the operator on the hub (`slashForModule`), once per
+///         inference.
+/// @dev Everything a draw reads is fixed at the commit: the hub's weights at the end of block commitBlock - 1,
+///      holdings declared at or before that block, randomness from the hub's selection seed (the block after the
+///      commit). Draw j of duty (L, e): keccak256(randomness ‖ uint16 L ‖ uint16 e ‖ uint32 j) mod the remaining
+///      stake over the eligible holders in ascending address order, without replacement
+///      (node.protocol.moe.compute_expert_assignment, pinned by a golden vector). A duty with fewer eligible
+///      holders than `perDuty` is left uncovered (event), never judged by fewer: the rest of the inference is
+///      still checked, so a cheater cannot hide one expert behind another nobody holds.
+contract ExpertDuty is EIP712 {
+    uint16 public constant ROUTER = 0xFFFF; // a layer's router duty
+    uint16 public constant SHARED = 0xFFFE; // the link duty (layer 0): shared layers, routers, head
+    uint256 public constant MAX_VALIDATORS = 64; // Staking.MAX_VALIDATORS: an assignment is a slot bitmap
+    bytes32 public constant VERDICT_TYPEHASH = keccak256(
+        "ExpertVerdict(uint256 inferenceId,uint32 duty,bytes32 moeRoot,bool valid,uint16 reason,bytes32 scoresDigest)"
+    );
+
+    struct Shape {
+        uint16 layers;
+        uint16 experts;
+    }
+
+    /// @notice What the operator committed besides the hub's three roots: the router root and, per expert of the
+    ///         model in order (layer-major), its leaf count and expert root.
+    struct MoeOpening {
+        bytes32 outputHash;
+        bytes32 artifactRoot;
+        bytes32 fingerprintHash; // the dense fingerprint hash, before moeRoot is bound in
+        bytes32 routerRoot;
+        uint32[] counts;
+        bytes32[] expertRoots;
+    }
+
+    struct Opened {
+        bytes32 moeRoot;
+        bytes32 modelId;
+        uint32 commitBlock;
+        uint16 duties;
+        uint16 uncovered;
+        bool slashed;
+    }
+
+    struct Duty {
+        uint64 assigned; // hub validator slots
+        uint64 validVotes;
+        uint64 invalidVotes;
+        uint8 result; // 0 open, 1 passed, 2 failed
+    }
+
+    struct ExpertVote {
+        uint32 duty;
+        bool valid;
+        uint16 reason;
+        bytes32 scoresDigest;
+        bytes signature;
+    }
+
+    /// @dev One validator eligible at the commit, as the draw sees it.
+    struct Holder {
+        address who;
+        uint256 weight;
+        uint256 slot;
+        uint256[] bits;
+    }
+
+    Verinfer public immutable hub;
+    uint256 public immutable perDuty;
+
+    mapping(bytes32 => Shape) public shapes;
+    /// @notice model → validator → number of holding declarations made
+    mapping(bytes32 => mapping(address => uint256)) public declarations;
+    mapping(bytes32 => mapping(address => mapping(uint256 => uint256))) internal declaredAt; // → version → block
+    mapping(bytes32 => mapping(address => mapping(uint256 => uint256[]))) internal holdingBits; // → version → bits
+    mapping(uint256 => Opened) public opened;
+    mapping(uint256 => mapping(uint32 => Duty)) public duties;
+
+    event ModelShapeSet(bytes32 indexed modelId, uint256 layers, uint256 experts);
+    event HoldingsDeclared(bytes32 indexed modelId, address indexed validator, uint256 version, uint32[] keys);
+    event DutiesAssigned(uint256 indexed inferenceId, bytes32 moeRoot, uint256 duties, uint256 uncovered);
+    event DutyAssigned(uint256 indexed inferenceId, uint32 indexed duty, address indexed validator);
+    event DutyUncovered(uint256 indexed inferenceId, uint32 indexed duty, uint256 holders);
+    event ExpertVerdictRecorded(
+        uint256 indexed inferenceId, uint32 indexed duty, address indexed validator, bool valid, uint16 reason
+    );
+    event ExpertVoteSkipped(uint256 indexed inferenceId, uint32 indexed duty, address indexed validator);
+    event DutySettled(uint256 indexed inferenceId, uint32 indexed duty, bool valid, uint16 reason);
+    event OperatorSlashed(uint256 indexed inferenceId, address indexed operator, uint32 duty, uint256 amount);
+
+    error BadParams();
+    error NotGovernor(address who);
+    error ShapeExists(bytes32 modelId);
+    error UnknownShape(bytes32 modelId);
+    error BadDuty(uint32 duty);
+    error BadOpening();
+    error CommitmentMismatch();
+    error NotChecked(uint256 inferenceId);
+    error AlreadyAssigned(uint256 inferenceId);
+    error NotAssigned(uint256 inferenceId);
+    error CheckWindowOver(uint256 endedAt);
+    error DutyNotAssigned(uint256 inferenceId, uint32 duty);
+    error NotAssignedTo(uint32 duty, address signer);
+
+    constructor(Verinfer hub_, uint256 perDuty_) EIP712("verinfer-experts", "1") {
+        // never one judge (DESIGN.md §5); a duty is settled by a majority of its assigned holders
+        if (address(hub_) == address(0) || perDuty_ < 2 || perDuty_ > 16) revert BadParams();
+        hub = hub_;
+        perDuty = perDuty_;
+    }
+
+    // ---- models and holdings --------------------------------------------------------------------
+
+    /// @notice Set an MoE model's shape (the hub's governors; once: holdings are bitmaps over it).
+    function setShape(bytes32 modelId, uint16 layers, uint16 experts) external {
+        if (!hub.hasRole(hub.GOVERNOR_ROLE(), msg.sender)) revert NotGovernor(msg.sender);
+        if (shapes[modelId].layers != 0) revert ShapeExists(modelId);
+        if (layers == 0 || experts < 2 || experts >= SHARED) revert BadParams();
+        shapes[modelId] = Shape(layers, experts);
+        emit ModelShapeSet(modelId, layers, experts);
+    }
+
+    /// @notice The duty key of expert `expert` of layer `layer` (ROUTER: the layer's router; SHARED, layer 0: link).
+    function dutyKey(uint16 layer, uint16 expert) public pure returns (uint32) {
+        return (uint32(layer) << 16) | expert;
+    }
+
+    /// @notice A duty's bit in a holdings bitmap: experts layer-major, then one router per layer, then the link.
+    function dutyBit(bytes32 modelId, uint32 duty) public view returns (uint256) {
+        Shape memory s = _shape(modelId);
+        uint256 layer = duty >> 16;
+        uint256 expert = duty & 0xFFFF;
+        if (expert == SHARED && layer == 0) return uint256(s.layers) * (uint256(s.experts) + 1);
+        if (layer >= s.layers) revert BadDuty(duty);
+        if (expert == ROUTER) return uint256(s.layers) * s.experts + layer;
+        if (expert >= s.experts) revert BadDuty(duty);
+        return layer * s.experts + expert;
+    }
+
+    /// @notice Declare the duties the sender holds the weights for (replaces its earlier declaration; it counts for
+    ///         inferences committed after this block). `wholeModel` holds every duty.
+    function declareHoldings(bytes32 modelId, bool wholeModel, uint32[] calldata keys) external {
+        Shape memory s = _shape(modelId);
+        uint256 nbits = uint256(s.layers) * (uint256(s.experts) + 1) + 1;
+        uint256[] memory bits = new uint256[]((nbits + 255) / 256);
+        if (wholeModel) {
+            for (uint256 b; b < nbits; ++b) {
+                bits[b >> 8] |= 1 << (b & 0xFF);
+            }
+        }
+        for (uint256 k; k < keys.length; ++k) {
+            uint256 b = dutyBit(modelId, keys[k]);
+            bits[b >> 8] |= 1 << (b & 0xFF);
+        }
+        uint256 version = ++declarations[modelId][msg.sender];
+        declaredAt[modelId][msg.sender][version] = block.number;
+        holdingBits[modelId][msg.sender][version] = bits;
+        emit HoldingsDeclared(modelId, msg.sender, version, keys);
+    }
+
+    /// @notice Whether `who` held `duty` of `modelId` for an inference committed at `commitBlock`.
+    function holdsAt(bytes32 modelId, address who, uint32 duty, uint256 commitBlock) external view returns (bool) {
+        uint256 b = dutyBit(modelId, duty);
+        uint256[] memory bits = _holdingsAt(modelId, who, commitBlock);
+        return bits.length != 0 && bits[b >> 8] & (1 << (b & 0xFF)) != 0;
+    }
+
+    // ---- assignment -----------------------------------------------------------------------------
+
+    /// @notice Open a checked inference's MoE commitment and draw every duty it needs (anyone may, once, in the
+    ///         check window).
+    function assignDuties(uint256 id, MoeOpening calldata o) external {
+        if (opened[id].commitBlock != 0) revert AlreadyAssigned(id);
+        Verinfer.Inference memory inf = hub.getInference(id);
+        Shape memory s = _shape(inf.modelId);
+        uint256 nexperts = uint256(s.layers) * s.experts;
+        if (o.counts.length != nexperts || o.expertRoots.length != nexperts) revert BadOpening();
+        bytes32 moeRoot = keccak256(abi.encodePacked(o.routerRoot, computeExpertsRoot(s, o.counts, o.expertRoots)));
+        bytes32 fpHash = keccak256(abi.encodePacked(o.fingerprintHash, moeRoot));
+        if (inf.commitBlock == 0 || keccak256(abi.encode(o.outputHash, o.artifactRoot, fpHash)) != inf.commitment) {
+            revert CommitmentMismatch();
+        }
+        _requireWindow(inf.commitBlock);
+        // the committee it returns is the hub's dense check; only whether the inference is checked matters here
+        // slither-disable-next-line unused-return
+        (bool checked,) = hub.selectionOf(id);
+        if (!checked) revert NotChecked(id);
+        bytes32 randomness = keccak256(abi.encodePacked(hub.selectionSeed(id), "experts"));
+        Holder[] memory holders = _holdersAt(inf.modelId, uint256(inf.commitBlock) - 1);
+        uint256 total = 0;
+        uint256 uncovered = 0;
+        for (uint256 k; k < nexperts + s.layers + 1; ++k) {
+            uint32 duty;
+            if (k < nexperts) {
+                if (o.counts[k] == 0) continue; // never routed: nothing to judge
+                duty = dutyKey(uint16(k / s.experts), uint16(k % s.experts));
+            } else {
+                duty = k < nexperts + s.layers ? dutyKey(uint16(k - nexperts), ROUTER) : dutyKey(0, SHARED);
+            }
+            ++total;
+            if (!_draw(id, duty, k, randomness, holders)) ++uncovered;
+        }
+        opened[id] = Opened({
+            moeRoot: moeRoot,
+            modelId: inf.modelId,
+            commitBlock: inf.commitBlock,
+            duties: uint16(total),
+            uncovered: uint16(uncovered),
+            slashed: false
+        });
+        emit DutiesAssigned(id, moeRoot, total, uncovered);
+    }
+
+    /// @notice expertsRoot over one summary leaf `uint16 L ‖ uint16 e ‖ uint32 count ‖ bytes32 root` per expert.
+    function computeExpertsRoot(Shape memory s, uint32[] calldata counts, bytes32[] calldata roots)
+        public
+        pure
+        returns (bytes32)
+    {
+        uint256 n = counts.length;
+        if (n == 0) return bytes32(0);
+        bytes32[] memory layer = new bytes32[](n);
+        for (uint256 k; k < n; ++k) {
+            bytes memory leaf =
+                abi.encodePacked(uint16(k / s.experts), uint16(k % s.experts), counts[k], roots[k]);
+            layer[k] = keccak256(bytes.concat(keccak256(leaf)));
+        }
+        while (n > 1) {
+            uint256 half = n / 2;
+            for (uint256 i; i < half; ++i) {
+                (bytes32 a, bytes32 b) = (layer[2 * i], layer[2 * i + 1]);
+                layer[i] = a <= b ? keccak256(abi.encodePacked(a, b)) : keccak256(abi.encodePacked(b, a));
+            }
+            if (n % 2 == 1) layer[half] = layer[n - 1]; // an odd last node is carried up
+            n = half + n % 2;
+        }
+        return layer[0];
+    }
+
+    /// @dev Draw `perDuty` holders of one duty (bit `bit` of the holdings) into storage; false if too few hold it.
+    function _draw(uint256 id, uint32 duty, uint256 bit, bytes32 randomness, Holder[] memory holders)
+        private
+        returns (bool)
+    {
+        uint256 n = holders.length;
+        bool[] memory pool = new bool[](n);
+        uint256 remaining = 0;
+        uint256 eligible = 0;
+        for (uint256 i; i < n; ++i) {
+            uint256[] memory bits = holders[i].bits;
+            if (bits.length != 0 && bits[bit >> 8] & (1 << (bit & 0xFF)) != 0) {
+                pool[i] = true;
+                remaining += holders[i].weight;
+                ++eligible;
+            }
+        }
+        if (eligible < perDuty) {
+            emit DutyUncovered(id, duty, eligible);
+            return false;
+        }
+        uint64 assigned = 0;
+        for (uint256 j; j < perDuty; ++j) {
+            // randomness from the block after the commit, as the hub's committee (documented on the hub)
+            // slither-disable-next-line weak-prng
+            uint256 u = uint256(keccak256(abi.encodePacked(randomness, uint32(duty), uint32(j)))) % remaining;
+            uint256 i;
+            while (!pool[i] || u >= holders[i].weight) {
+                if (pool[i]) u -= holders[i].weight;
+                ++i;
+            }
+            pool[i] = false;
+            remaining -= holders[i].weight;
+            assigned |= uint64(1) << uint64(holders[i].slot);
+            emit DutyAssigned(id, duty, holders[i].who);
+        }
+        duties[id][duty].assigned = assigned;
+        return true;
+    }
+
+    /// @dev The validators with weight at the end of `atBlock` and their holdings then, in ascending address order.
+    function _holdersAt(bytes32 modelId, uint256 atBlock) private view returns (Holder[] memory out) {
+        uint256 n = hub.validatorCount();
+        Holder[] memory all = new Holder[](n);
+        uint256 m = 0;
+        for (uint256 i; i < n; ++i) {
+            address who = hub.validators(i);
+            uint256 w = hub.weightAt(who, atBlock);
+            if (w == 0) continue;
+            Holder memory h = Holder(who, w, i, _holdingsAt(modelId, who, atBlock + 1));
+            uint256 at = m++;
+            while (at > 0 && all[at - 1].who > who) {
+                all[at] = all[at - 1];
+                --at;
+            }
+            all[at] = h;
+        }
+        out = new Holder[](m);
+        for (uint256 i; i < m; ++i) {
+            out[i] = all[i];
+        }
+    }
+
+    /// @dev `who`'s holdings for an inference committed at `commitBlock`: its last declaration before that block
+    ///      (a binary search over its versions, whose blocks never decrease: declaring often after a commit cannot
+    ///      make that inference's draw expensive).
+    function _holdingsAt(bytes32 modelId, address who, uint256 commitBlock) private view returns (uint256[] memory) {
+        mapping(uint256 => uint256) storage at = declaredAt[modelId][who];
+        uint256 lo = 0; // versions <= lo were declared before commitBlock (version 0: none)
+        uint256 hi = declarations[modelId][who]; // versions > hi were not
+        while (lo < hi) {
+            uint256 mid = (lo + hi + 1) / 2;
+            if (at[mid] < commitBlock) lo = mid;
+            else hi = mid - 1;
+        }
+        return lo == 0 ? new uint256[](0) : holdingBits[modelId][who][lo];
+    }
+
+    // ---- verdicts -------------------------------------------------------------------------------
+
+    /// @notice The EIP-712 digest an assigned validator signs for its verdict on one duty.
+    function verdictDigest(uint256 id, uint32 duty, bytes32 moeRoot, bool valid, uint16 reason, bytes32 scoresDigest)
+        public
+        view
+        returns (bytes32)
+    {
+        return _hashTypedDataV4(
+            keccak256(abi.encode(VERDICT_TYPEHASH, id, duty, moeRoot, valid, reason, scoresDigest))
+        );
+    }
+
+    /// @notice Count assigned validators' signed verdicts (anyone may relay; counted ones and votes on settled duties
+    ///         are skipped). A majority of a duty's assigned validators settles it; a failed duty of a punitive
+    ///         model slashes and jails the operator on the hub, once per inference.
+    function submitExpertVerdicts(uint256 id, ExpertVote[] calldata votes) external {
+        Opened storage op = opened[id];
+        if (op.commitBlock == 0) revert NotAssigned(id);
+        _requireWindow(op.commitBlock);
+        for (uint256 v; v < votes.length; ++v) {
+            ExpertVote calldata vote = votes[v];
+            Duty storage d = duties[id][vote.duty];
+            if (d.assigned == 0) revert DutyNotAssigned(id, vote.duty);
+            bytes32 digest =
+                verdictDigest(id, vote.duty, op.moeRoot, vote.valid, vote.reason, vote.scoresDigest);
+            address signer = ECDSA.recover(digest, vote.signature); // rejects high-s and malformed signatures
+            uint64 bit = _assignedBit(d.assigned, vote.duty, signer);
+            if (d.result != 0 || (d.validVotes | d.invalidVotes) & bit != 0) {
+                emit ExpertVoteSkipped(id, vote.duty, signer);
+                continue;
+            }
+            emit ExpertVerdictRecorded(id, vote.duty, signer, vote.valid, vote.reason);
+            _count(id, op, d, vote, bit);
+        }
+    }
+
+    function _count(uint256 id, Opened storage op, Duty storage d, ExpertVote calldata vote, uint64 bit) private {
+        uint256 quorum = perDuty / 2 + 1;
+        if (vote.valid) {
+            d.validVotes |= bit;
+            if (_popcount(d.validVotes) >= quorum) d.result = 1;
+        } else {
+            d.invalidVotes |= bit;
+            if (_popcount(d.invalidVotes) >= quorum) d.result = 2;
+        }
+        if (d.result == 0) return;
+        emit DutySettled(id, vote.duty, d.result == 1, vote.reason);
+        if (d.result == 2 && !op.slashed && _isPunitive(op.modelId)) {
+            op.slashed = true;
+            address operator = hub.getInference(id).operator;
+            uint256 amount = hub.slashForModule(operator, bytes32(id));
+            emit OperatorSlashed(id, operator, vote.duty, amount);
+        }
+    }
+
+    /// @dev The signer's slot bit among a duty's assigned validators; reverts if it is not one of them.
+    function _assignedBit(uint64 assigned, uint32 duty, address signer) private view returns (uint64) {
+        for (uint256 i; assigned >> i != 0; ++i) {
+            if ((assigned >> i) & 1 != 0 && hub.validators(i) == signer) return uint64(1) << uint64(i);
+        }
+        revert NotAssignedTo(duty, signer);
+    }
+
+    /// @notice A duty's assigned validators (hub addresses), in slot order.
+    function assignedTo(uint256 id, uint32 duty) external view returns (address[] memory out) {
+        uint64 assigned = duties[id][duty].assigned;
+        out = new address[](_popcount(assigned));
+        uint256 j = 0;
+        for (uint256 i; assigned >> i != 0; ++i) {
+            if ((assigned >> i) & 1 != 0) out[j++] = hub.validators(i);
+        }
+    }
+
+    function _isPunitive(bytes32 modelId) private view returns (bool) {
+        // of the model's record only its rollout state matters here
+        // slither-disable-next-line unused-return
+        (,,,,, ModelRegistry.ModelState state,,) = hub.models(modelId);
+        return state == ModelRegistry.ModelState.Punitive;
+    }
+
+    function _requireWindow(uint256 commitBlock) private view {
+        uint256 endsAt = commitBlock + hub.checkWindow();
+        if (block.number > endsAt) revert CheckWindowOver(endsAt);
+    }
+
+    function _shape(bytes32 modelId) private view returns (Shape memory s) {
+        s = shapes[modelId];
+        if (s.layers == 0) revert UnknownShape(modelId);
+    }
+
+    function _popcount(uint64 x) private pure returns (uint256 n) {
+        for (; x != 0; x &= x - 1) {
+            ++n;
+        }
+    }
+}

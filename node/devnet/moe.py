@@ -1,0 +1,360 @@
+"""`verinfer devnet --model <moe>`: an MoE network on one machine, judged expert by expert on chain.
+
+anvil, the hub and the ExpertDuty module (contracts/src/ExpertDuty.sol); validators that each hold expert
+columns (expert e of every layer: with 4 experts and V validators, validator i holds columns i and i + 1 mod 4),
+every router, and — every other validator — the shared layers for the link duty; two operators, one honest and
+one that runs one expert quantised to int8. Per request the operator generates, records its MoE trace, binds
+moeRoot into the hub's fingerprint hash and commits; anyone opens the commitment on the module, which draws two
+holders per duty, stake-weighted; each drawn validator checks its duties (node.moe.config.DutyValidator) and
+signs an expert verdict. A failed duty slashes and jails the operator through the hub. The hub committee then
+votes the inference valid only if every duty passed, which pays the honest operator.
+
+Simplifications, said so in docs/moe.md: one process (validators are objects with their own keys and sharing
+read-only tensors they both hold), the operator's payload (rows and leaves) is handed over in memory, and the
+hub's verdict is the duties' outcome (no dense stage-2 profile exists for the MoE model yet).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+
+from chain.contracts import Commitment, Hub, HubConfig, ModelState, Params, Role, Vote
+from chain.deploy import deploy
+from chain.devnet import Anvil, dev_account
+from chain.eip712 import Verdict, sign_verdict
+from chain.moe import DutyResult, ExpertDutyClient, MoeOpening, deploy_expert_duty, sign_expert_vote
+from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash
+from node.protocol.fingerprint import build_fingerprint, compute_fingerprint_hash
+from node.protocol.hashing import keccak256
+from node.protocol.moe import (
+    ROUTER,
+    SHARED,
+    ExpertKey,
+    MoeCommitment,
+    MoeReason,
+    compute_duty_key,
+    compute_moe_fingerprint_hash,
+    parse_duty_key,
+)
+from node.protocol.sampler import SamplingParams
+from node.protocol.seed import run_seed
+
+log = logging.getLogger(__name__)
+
+K = 5
+FEE = 10**16
+MIN_FEE = 10**15
+ALPHA = 10**16  # the hub's Bayes update only; the module slashes on a failed duty without it
+BETA = 10**16
+PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.",
+           "Why is the sky blue? Answer in one sentence.", "Write a haiku about the sea.")
+
+
+class MoeDevnetOptions(BaseModel):
+    """What the MoE devnet runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "smollm2-moe-4x135m"
+    validators: int = Field(5, ge=4, le=8)
+    rounds: int = Field(2, ge=1, le=20)
+    tokens: int = Field(16, ge=2, le=256)
+    cheat_expert: str = "layer3.e1"
+    per_duty: int = Field(2, ge=2, le=4)
+    threads: int = Field(1, ge=1)
+    out: Path = Path("devnet-out")
+
+
+@dataclass
+class MoeInferenceRecord:
+    """One inference as the devnet saw it."""
+
+    inference_id: int
+    operator: str
+    tokens: int
+    duties: int = 0
+    uncovered: int = 0
+    checks: int = 0
+    undecided: int = 0  # drawn duties whose assigned holders split
+    failed: dict[str, int] = field(default_factory=dict)  # duty → reason of a duty the chain settled failed
+    slashed_wei: int = 0
+    hub_status: str = ""
+    assign_gas: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """What an operator produced and committed for one request."""
+
+    fed: list[int]
+    output_ids: tuple[int, ...]
+    trace: Any
+    moe: MoeCommitment
+    commitment: Commitment
+    opening: MoeOpening
+
+
+def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, ...]:
+    """Return validator `index`'s duties: experts index and index + 1 (mod E) of each layer, routers, link if even."""
+    columns = {index % experts, (index + 1) % experts}
+    keys = [ExpertKey(L, e) for L in range(layers) for e in sorted(columns)]
+    keys += [ExpertKey(L, ROUTER) for L in range(layers)]
+    if index % 2 == 0:
+        keys.append(ExpertKey(0, SHARED))
+    return tuple(keys)
+
+
+class MoeOperator:
+    """An operator serving the MoE model, honestly or with one expert quantised to int8."""
+
+    def __init__(self, name: str, account: Any, cheat: ExpertKey | None) -> None:
+        self.name = name
+        self.account = account
+        self.cheat = cheat
+
+    def serve(self, engine: Any, model_id: bytes, inference_id: int, prompt_ids: tuple[int, ...],
+              params: SamplingParams, user_seed: int, stop_ids: frozenset[int]) -> Served:
+        """Generate, trace the experts and build what it commits (under the int8 expert if it cheats)."""
+        from contextlib import nullcontext
+
+        from node.engines.base import GenerationRequest
+        from node.moe.attacks import int8_expert
+        from node.moe.trace import build_commitment, record_trace
+
+        rs = run_seed(user_seed, inference_id)
+        attack = nullcontext() if self.cheat is None else int8_expert(engine.model, self.cheat)
+        with attack:
+            gen = engine.generate([GenerationRequest(prompt_ids, params, rs, K, stop_ids)])[0]
+            fed = [*prompt_ids, *gen.output_ids[:-1]]
+            trace = record_trace(engine.model, fed)
+        moe = build_commitment(trace)
+        header = ArtifactHeader(model_id, params.temperature_bits, params.top_p_bits, params.top_k, params.max_tokens,
+                                K, rs, prompt_ids, len(gen.output_ids))
+        artifact = Artifact(header, gen.positions(K))
+        dense_fp = compute_fingerprint_hash(build_fingerprint(gen.hidden, len(prompt_ids)))
+        output_hash = compute_output_hash(gen.output_ids)
+        router_root, counts, roots = moe.opening()
+        return Served(fed, gen.output_ids, trace, moe,
+                      Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(dense_fp, moe.root())),
+                      MoeOpening(output_hash, artifact.root, dense_fp, router_root, tuple(counts), tuple(roots)))
+
+
+class MoeValidator:
+    """A validator: its key, its declared duties, and the duty checker holding only their weights."""
+
+    def __init__(self, account: Any, holds: tuple[ExpertKey, ...], checker: Any) -> None:
+        self.account = account
+        self.holds = holds
+        self.checker = checker
+
+    def judge(self, served: Served, moe_root: bytes, duties: list[ExpertKey]) -> dict[ExpertKey, MoeReason]:
+        """Return its decision on each assigned duty (every one fails if the payload is not the committed root)."""
+        if served.moe.root() != moe_root:
+            return {k: MoeReason.EXPERT_ROOT_MISMATCH for k in duties}
+        names = self.checker.check(served.moe, served.trace, served.fed, duties)
+        return {k: names[str(k)] for k in duties}
+
+
+class MoeDevnet:
+    """The chain, the module, the operators and the validators of one MoE devnet run."""
+
+    def __init__(self, options: MoeDevnetOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.records: list[MoeInferenceRecord] = []
+        self.events: list[str] = []
+        self.started = time.monotonic()
+        self.engine: Any = None  # the operators' engine (both run the same weights; the cheater patches one expert)
+        self.validator_keys: list[Any] = []
+
+    def note(self, line: str) -> None:
+        """Print and keep one event line."""
+        text = f"{time.monotonic() - self.started:6.1f}s  {line}"
+        self.events.append(text)
+        self.console.print(text, highlight=False)
+
+    def run(self) -> list[str]:
+        """Run the network; return the problems found (none: the cheater slashed, the honest operator paid)."""
+        import torch
+
+        from node.engines.tokenizer import ModelTokenizer
+        from node.engines.transformers_engine import TransformersEngine
+        from node.moe.config import DutyValidator, MoeDutiesConfig
+        from node.moe.model import materialise_moe
+        from node.moe.validate import MoeLimits
+
+        torch.set_num_threads(self.options.threads)
+        folder = materialise_moe(self.options.model)
+        config = json.loads((folder / "config.json").read_text())
+        layers, experts, vocab = config["num_hidden_layers"], config["num_local_experts"], config["vocab_size"]
+        marker = json.loads((folder / "verinfer-model.json").read_text())
+        model_id = keccak256(b"verinfer-model-v1" + self.options.model.encode() + b"\x00" +
+                             bytes.fromhex(marker["weights_sha256"]))
+        self.engine = TransformersEngine(folder, self.options.model)
+        tokenizer = ModelTokenizer(folder, True)
+        limits = MoeLimits(**load_limits())
+        cheat = ExpertKey.parse(self.options.cheat_expert)
+        self.note(f"{self.options.model}: {layers} layers x {experts} experts; cheater quantises {cheat} to int8")
+        n = self.options.validators
+        with Anvil(accounts=5 + n) as anvil:
+            w3 = anvil.web3()
+            admin, treasury, requester, honest_key, cheat_key = (dev_account(i) for i in range(5))
+            val_keys = [dev_account(5 + i) for i in range(n)]
+            self.validator_keys = val_keys
+            hub, _ = deploy(w3, admin, HubConfig(treasury=treasury.address, committee_size=3, min_committee=3))
+            hub.register_model(admin, model_id, K, vocab, ALPHA, BETA, 10**18, keccak256(b"moe-devnet"), (2,), MIN_FEE)
+            hub.advance_model_to(admin, model_id, ModelState.PUNITIVE)
+            ed = deploy_expert_duty(w3, admin, hub, self.options.per_duty)
+            ed.set_shape(admin, model_id, layers, experts)
+            operators = [MoeOperator("honest", honest_key, None), MoeOperator("int8-expert", cheat_key, cheat)]
+            for op in operators:
+                hub.bond(op.account, Role.OPERATOR, 10 * 10**18)
+            cache: dict[ExpertKey, Any] = {}
+            validators = []
+            for i, account in enumerate(val_keys):
+                hub.bond(account, Role.VALIDATOR, (3 + i) * 10**18)  # unequal stakes: the draw is weighted
+                holds = compute_holdings(i, layers, experts)
+                ed.declare_holdings(account, model_id, [compute_duty_key(k) for k in holds])
+                checker = DutyValidator(folder, MoeDutiesConfig(experts=tuple(str(k) for k in holds)), limits, cache)
+                validators.append(MoeValidator(account, holds, checker))
+            anvil_mine(w3, 1)
+            self.note(f"chain up: hub {hub.address}, ExpertDuty {ed.address}; {n} validators, "
+                      f"{self.options.per_duty} drawn per duty")
+            for r in range(self.options.rounds):
+                for op in operators:
+                    if hub.staker(op.account.address).jailed:
+                        continue
+                    prompt = PROMPTS[(2 * r + len(self.records)) % len(PROMPTS)]
+                    ids = tuple(tokenizer.encode_chat([{"role": "user", "content": prompt}]))
+                    self.records.append(self.one_inference(w3, hub, ed, op, validators, requester, model_id, ids))
+            return self.judge(hub, operators)
+
+    def one_inference(self, w3: Any, hub: Hub, ed: ExpertDutyClient, op: MoeOperator,
+                      validators: list[MoeValidator], requester: Any, model_id: bytes,
+                      prompt_ids: tuple[int, ...]) -> MoeInferenceRecord:
+        """Request, serve, commit, draw the duties, judge them, settle the inference on the hub."""
+        started = time.monotonic()
+        params = SamplingParams(0.7, 0.95, 0, self.options.tokens)
+        user_seed = 1000 + len(self.records)
+        iid = hub.request_inference(requester, op.account.address, model_id, keccak256(bytes(np.asarray(
+            prompt_ids, dtype=">u4").tobytes())), user_seed, Params(params.temperature_bits, params.top_p_bits,
+                                                                      params.top_k, params.max_tokens), FEE)
+        served = op.serve(self.engine, model_id, iid, prompt_ids, params, user_seed, frozenset({2}))
+        hub.commit_inference(op.account, iid, served.commitment)
+        anvil_mine(w3, 2)
+        receipt = ed.assign_duties(requester, iid, served.opening)
+        opened = ed.opened(iid)
+        record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties, opened.uncovered)
+        record.assign_gas = int(receipt["gasUsed"])
+        drawn = {parse_duty_key(d): addresses for d, addresses in
+                 ed.assignments(iid, int(receipt["blockNumber"])).items()}
+        chain_id = hub.chain_id()
+        reasons: dict[ExpertKey, int] = {}  # the reason an invalid vote on each duty gave
+        for v in validators:
+            mine = sorted(k for k, addresses in drawn.items() if v.account.address in addresses)
+            if not mine:
+                continue
+            decisions = v.judge(served, opened.moe_root, mine)
+            record.checks += len(decisions)
+            reasons.update({k: int(r) for k, r in decisions.items() if r is not MoeReason.OK})
+            scores = keccak256(json.dumps({str(k): int(r) for k, r in decisions.items()}).encode())
+            votes = [sign_expert_vote(v.account, chain_id, ed.address, iid, compute_duty_key(k), opened.moe_root,
+                                      r is MoeReason.OK, int(r), scores) for k, r in decisions.items()]
+            before = hub.staker(op.account.address).stake
+            ed.submit_verdicts(v.account, iid, votes)
+            record.slashed_wei += before - hub.staker(op.account.address).stake
+        for key in drawn:
+            result = ed.duty_result(iid, compute_duty_key(key))
+            if result is DutyResult.FAILED:
+                record.failed[str(key)] = reasons.get(key, int(MoeReason.MOE_MALFORMED))
+            record.undecided += result is DutyResult.OPEN
+        self.settle_on_hub(hub, iid, served, record)
+        record.seconds = round(time.monotonic() - started, 2)
+        verdict = "valid" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
+        slash = f"; slashed {record.slashed_wei / 1e18:g} ETH and jailed" if record.slashed_wei else ""
+        self.note(f"#{iid} {op.name}: {record.tokens} tokens, {record.duties} duties drawn "
+                  f"({record.assign_gas:,} gas), {record.checks} checks: {verdict}{slash}; hub {record.hub_status}")
+        return record
+
+    def settle_on_hub(self, hub: Hub, iid: int, served: Served, record: MoeInferenceRecord) -> None:
+        """Have a quorum of the hub committee vote the duties' outcome; record the hub status."""
+        checked, committee = hub.selection_of(iid)
+        # a duty nobody could judge, or whose holders split, is no evidence either way: no vote, and the inference
+        # settles unchecked when the window ends (never invalid for the validators' coverage gap)
+        if checked and (record.failed or (record.uncovered == 0 and record.undecided == 0)):
+            by_address = {a.address: a for a in self.validator_keys}
+            valid = not record.failed
+            reason = 0 if valid else next(iter(record.failed.values()))
+            votes = []
+            for address in committee[: len(committee) // 2 + 1]:
+                verdict = Verdict(iid, served.commitment.artifact_root, valid, reason, keccak256(b"moe-duties"),
+                                  int(time.time()) + 3600)
+                signature = sign_verdict(by_address[address], verdict, hub.chain_id(), hub.address)
+                votes.append(Vote(valid, reason, verdict.scores_digest, verdict.deadline, signature))
+            hub.submit_verdicts(by_address[committee[0]], iid, served.commitment, votes)
+        record.hub_status = hub.get_inference(iid).status.name.lower()
+
+    def judge(self, hub: Hub, operators: list[MoeOperator]) -> list[str]:
+        """Return what went wrong: the cheater not slashed and jailed, the honest operator jailed or unpaid."""
+        problems = []
+        for op in operators:
+            s = hub.staker(op.account.address)
+            if op.cheat is not None and not (s.jailed and s.stake < 10 * 10**18):
+                problems.append(f"{op.name} was not slashed and jailed")
+            if op.cheat is None and (s.jailed or s.stake != 10 * 10**18 or hub.credits(op.account.address) == 0):
+                problems.append(f"{op.name} is not in good standing and paid")
+        return problems
+
+
+def anvil_mine(w3: Any, blocks: int) -> None:
+    """Mine `blocks` empty blocks on anvil."""
+    for _ in range(blocks):
+        w3.provider.make_request("evm_mine", [])
+
+
+def load_limits() -> dict[str, Any]:
+    """Return the calibrated MoE limits (docs/moe/limits.json)."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "moe" / "limits.json"
+    limits: dict[str, Any] = json.loads(path.read_text())["limits"]
+    return limits
+
+
+def run_moe_devnet(options: MoeDevnetOptions, console: Console) -> int:
+    """Run the MoE devnet; return 0 if the cheater was slashed and jailed and the honest operator paid."""
+    devnet = MoeDevnet(options, console)
+    problems = devnet.run()
+    options.out.mkdir(parents=True, exist_ok=True)
+    record = {"options": json.loads(options.model_dump_json()), "inferences": [asdict(r) for r in devnet.records],
+              "events": devnet.events, "problems": problems}
+    (options.out / "devnet-moe.json").write_text(json.dumps(record, indent=1) + "\n")
+    for p in problems:
+        console.print(f"[red]✗ {p}[/red]")
+    if not problems:
+        console.print("[green]✓ the int8-expert operator was slashed and jailed by its expert's holders; the honest "
+                      "operator is in good standing and paid[/green]")
+    return 1 if problems else 0
+
+
+def run_devnet_for_model(model: str, rounds: int, validators: int, tokens: int, threads: int, out: Path,
+                         console: Console) -> int:
+    """Run `verinfer devnet --model NAME` for a registered MoE model (the dense devnet's options, mapped)."""
+    from node.engines.models import get_model_spec
+
+    spec = get_model_spec(model)
+    if spec.source != "upcycled-moe":
+        console.print(f"[red]--model {model}: only MoE models (source upcycled-moe) have a devnet mode here[/red]")
+        return 2
+    defaults = MoeDevnetOptions()
+    options = MoeDevnetOptions(model=model, rounds=min(rounds, 3), tokens=min(tokens, defaults.tokens),
+                               validators=max(validators, defaults.validators), threads=threads, out=out)
+    return run_moe_devnet(options, console)
