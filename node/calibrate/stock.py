@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -120,7 +121,7 @@ def produce(lab: StockLab, run: StockRun) -> tuple[tuple[int, ...], dict[str, An
     if run.kind == "honest":
         gen = lab.vllm.generate_stock(ids, params, request_seed, record_logits=True)
         return gen.output_ids, {"replay_mismatches": count_replay_mismatches(gen.logits, gen.output_ids, params,
-                                                                              request_seed)}
+                                                                              request_seed), "_logits": gen.logits}
     name = run.name
     if name in lab.cheaters:
         return generate_with_vllm_rule(lab.cheaters[name], ids, params, request_seed), {}
@@ -135,31 +136,47 @@ def produce(lab: StockLab, run: StockRun) -> tuple[tuple[int, ...], dict[str, An
     raise ValueError(f"unknown stock attack {name}")
 
 
-def validate(lab: StockLab, run: StockRun, output_ids: tuple[int, ...]) -> dict[str, dict[str, Any]]:
-    """Return the stock-sampler signals of a served output at every prefix length (validator: one prefill)."""
+def validate(lab: StockLab, run: StockRun, output_ids: tuple[int, ...]) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
+    """Return the validator's logits (one prefill) and the stock-sampler signals at every prefix length."""
     ids, params, seed = lab.request(run)
     logits = lab.validator.prefill(ids, output_ids).logits
     positions = measure_stock_positions(logits, output_ids, params, vllm_request_seed(seed))
-    return {str(n): summarise_stock(positions, n).as_dict() for n in LENGTHS if n <= len(output_ids)}
+    return logits, {str(n): summarise_stock(positions, n).as_dict() for n in LENGTHS if n <= len(output_ids)}
 
 
 def run_one(lab: StockLab, run: StockRun) -> dict[str, Any]:
     """Return the record of one run."""
     _, params, _ = lab.request(run)
+    started = time.monotonic()
     output_ids, extra = produce(lab, run)
+    generated = time.monotonic()
+    operator_logits = extra.pop("_logits", None)
+    logits, lengths = validate(lab, run, output_ids)
+    if operator_logits is not None:  # how far two honest fp32 kernels' logits differ: the floor of honest margins
+        extra["logit_noise_max"] = float(np.abs(operator_logits - logits).max())
     return {"key": run.key, "kind": run.kind, "name": run.name, "prompt": run.index % len(lab.prompts),
             "temperature": params.temperature, "top_p": params.top_p, **extra,
-            "lengths": validate(lab, run, output_ids)}
+            "seconds": {"generate": round(generated - started, 3), "validate": round(time.monotonic() - generated, 3)},
+            "lengths": lengths}
 
 
 def plan(honest: int, per_attack: int, start: int = 0) -> Iterator[StockRun]:
-    """Yield honest runs interleaved with one run of every attack, indices from start."""
-    for i in range(max(honest, per_attack)):
+    """Yield honest runs with the attack rounds (one run of every attack) spread evenly among them.
+
+    An interrupted campaign thus holds honest and attack runs in the planned proportion; keys do not
+    depend on the counts, so a larger plan extends a smaller one.
+    """
+    rounds = 0
+    for i in range(max(honest, 1)):
         if i < honest:
             yield StockRun("honest", HONEST[i % len(HONEST)], start + i)
-        if i < per_attack:
+        while rounds < per_attack and rounds * max(honest, 1) <= i * per_attack:
             for attack in ATTACKS:
-                yield StockRun("attack", attack, start + i)
+                yield StockRun("attack", attack, start + rounds)
+            rounds += 1
+    for j in range(rounds, per_attack):
+        for attack in ATTACKS:
+            yield StockRun("attack", attack, start + j)
 
 
 def run_campaign(lab: StockLab, path: Path, runs: list[StockRun], progress: Callable[[int, int], None]) -> int:

@@ -38,6 +38,7 @@ from node.protocol.hashing import sha256
 from node.protocol.sampler import SamplingParams, to_float32_array
 
 SAMPLER_NAME = "vllm-seeded"  # the registry's `sampler` value for this mode
+SAMPLERS = ("canonical", SAMPLER_NAME)  # every sampler mode a model can be registered with
 VLLM_SAMPLING_EPS = 1e-5  # vLLM treats a temperature below this as greedy
 STEP_SEED_BOUND = 2**31  # torch.randint(0, 2**31) per step
 SEED_DOMAIN = b"verinfer/vllm-seed/v1"
@@ -45,6 +46,13 @@ SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _MT_N, _MT_M = 624, 397
+
+
+def require_known_sampler(name: str) -> str:
+    """Return a registered sampler mode's name, or raise UNKNOWN_SAMPLER."""
+    if name not in SAMPLERS:
+        raise InvalidParams(f"unknown sampler {name!r}; known: {', '.join(SAMPLERS)}", Reason.UNKNOWN_SAMPLER)
+    return name
 
 
 def vllm_request_seed(run_seed: bytes) -> int:
