@@ -29,7 +29,7 @@ from typing import Any
 from node.calibrate.fit import compute_non_increasing_envelope, is_calibration_split, upper_bound
 from node.calibrate.stock import ATTACKS, LENGTHS, NO_OP_AT_GREEDY
 
-SIGNALS = ("difr_mean", "difr_max", "surprisal_z_abs")
+SIGNALS = ("difr_max", "difr_mean", "surprisal_z_abs")  # the decision's order (node.checks.stock_decision)
 PROFILE_KEYS = {"difr_mean": "max_difr_mean", "difr_max": "max_difr_max", "surprisal_z_abs": "max_surprisal_z_abs"}
 MARGIN_FLOOR = 1e-3  # tempered-logit units; used only if no honest run recorded its logit noise
 SAFETY = 4.0
@@ -61,7 +61,7 @@ def compute_margin_floor(records: list[dict[str, Any]]) -> float:
 def choose_stock_thresholds(records: list[dict[str, Any]]) -> Thresholds:
     """Return the flat and per-length thresholds from the calibration half's honest runs."""
     lengths = [str(n) for n in LENGTHS]
-    if not honest_values(records, "difr_mean", lengths[0]):
+    if not any(honest_values(records, "difr_mean", n) for n in lengths):
         raise ValueError("no honest calibration runs")
     floor = compute_margin_floor(records)
     per_length: dict[str, float] = {}

@@ -1,7 +1,8 @@
 """The stock-sampler decision: a "stock sampler" profile's thresholds applied to node.checks.stock's numbers.
 
-Signals in a fixed order, the first over its threshold names the reason: the Token-DiFR mean
-(TOKEN_DIFR), its largest margin (TOKEN_DIFR_MAX), then the two-sided surprisal z (SURPRISAL). An
+Signals in a fixed order, the first over its threshold names the reason: the largest Token-DiFR margin
+(TOKEN_DIFR_MAX: one position whose margin the honest logit noise cannot explain), the mean margin
+(TOKEN_DIFR), then the two-sided surprisal z (SURPRISAL). An
 infinite threshold leaves a signal reported, not decided on; a decided signal that was not measured
 (NaN: the noise of an engine that cannot be reproduced) raises. Thresholds per length: the longest
 calibrated length not above the response's positions overrides the flat (largest) ones.
@@ -43,7 +44,7 @@ def select_stock_thresholds(t: StockThresholds, positions: int) -> StockThreshol
 def find_stock_violation(m: StockMeasurements, t: StockThresholds) -> Reason:
     """Return the first signal over its threshold, or Reason.OK."""
     t = select_stock_thresholds(t, m.positions)
-    checks = ((m.difr_mean, t.max_difr_mean, Reason.TOKEN_DIFR), (m.difr_max, t.max_difr_max, Reason.TOKEN_DIFR_MAX),
+    checks = ((m.difr_max, t.max_difr_max, Reason.TOKEN_DIFR_MAX), (m.difr_mean, t.max_difr_mean, Reason.TOKEN_DIFR),
               (m.surprisal_z_abs, t.max_surprisal_z_abs, Reason.SURPRISAL))
     for value, threshold, reason in checks:
         if math.isnan(value) and not math.isinf(threshold):

@@ -26,16 +26,16 @@ T = StockThresholds(max_difr_mean=0.01, max_difr_max=0.05, max_surprisal_z_abs=5
 
 def test_each_signal_names_its_reason_in_order():
     assert decide_stock(measured(), T).valid
-    assert decide_stock(measured(difr_mean=0.5, difr_max=9.0), T).reason is Reason.TOKEN_DIFR
-    assert decide_stock(measured(difr_max=0.06), T).reason is Reason.TOKEN_DIFR_MAX
+    assert decide_stock(measured(difr_mean=0.5, difr_max=9.0), T).reason is Reason.TOKEN_DIFR_MAX
+    assert decide_stock(measured(difr_mean=0.02, difr_max=0.04), T).reason is Reason.TOKEN_DIFR
     assert decide_stock(measured(surprisal_z=-6.0), T).reason is Reason.SURPRISAL  # two-sided
     assert decide_stock(measured(surprisal_z=6.0), T).reason is Reason.SURPRISAL
 
 
 def test_per_length_thresholds():
-    assert decide_stock(measured(positions=64, difr_mean=0.007), T).reason is Reason.TOKEN_DIFR
-    assert decide_stock(measured(positions=32, difr_mean=0.007), T).valid  # the 16-token bucket: 0.02
-    assert decide_stock(measured(positions=8, difr_mean=0.015), T).reason is Reason.TOKEN_DIFR  # flat
+    assert decide_stock(measured(positions=64, difr_mean=0.007, difr_max=0.01), T).reason is Reason.TOKEN_DIFR
+    assert decide_stock(measured(positions=32, difr_mean=0.007, difr_max=0.01), T).valid  # the 16-token bucket
+    assert decide_stock(measured(positions=8, difr_mean=0.015, difr_max=0.02), T).reason is Reason.TOKEN_DIFR
 
 
 def test_an_unmeasured_decided_signal_raises_and_an_undecided_one_is_ignored():
