@@ -58,13 +58,15 @@ def record(args: argparse.Namespace) -> None:
 
 def fit(args: argparse.Namespace) -> None:
     """Fit thresholds on the calibration half and write the profile and the report."""
-    from node.calibrate.stock_fit import write_profile_and_report
-
     from node.calibrate.runs import read_records
+    from node.calibrate.stock_fit import write_profile_and_report
 
     records = [r for path in sorted(OUT.glob("runs*.jsonl")) for r in read_records(path)]
     profile = ROOT / "config" / "profiles" / "smollm2-135m-instruct-vllm-stock.float32.toml"
-    write_profile_and_report(records, OUT, profile, " ".join(sys.argv[1:]))
+    seeded = ROOT / "docs" / "calibration" / "smollm2-135m-instruct.float32"
+    canonical = [r for path in sorted(seeded.glob("runs*.jsonl")) if path.name != "runs-sweep.jsonl"
+                 for r in read_records(path)]
+    write_profile_and_report(records, OUT, profile, " ".join(sys.argv[1:]), canonical)
 
 
 def main() -> None:

@@ -26,7 +26,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from node.calibrate.fit import compute_non_increasing_envelope, is_calibration_split, upper_bound
+from node.calibrate.fit import (
+    choose_thresholds,
+    compute_non_increasing_envelope,
+    held_out_rates,
+    is_calibration_split,
+    select_signals,
+    upper_bound,
+)
 from node.calibrate.stock import ATTACKS, LENGTHS, NO_OP_AT_GREEDY
 
 SIGNALS = ("difr_max", "difr_mean", "surprisal_z_abs")  # the decision's order (node.checks.stock_decision)
@@ -34,6 +41,10 @@ PROFILE_KEYS = {"difr_mean": "max_difr_mean", "difr_max": "max_difr_max", "surpr
 MARGIN_FLOOR = 1e-3  # tempered-logit units; used only if no honest run recorded its logit noise
 SAFETY = 4.0
 SIGMAS = 6.0
+# the seeded (canonical-sampler) fp32 campaign's attack closest to each stock attack
+SEEDED_TWIN = {"int8": "int8", "bf16": "bf16-as-fp32", "weight-noise-1pct": "weight-noise-1pct",
+               "other-model-tiny": "other-model-tiny", "temperature-lie": "temperature-lie", "top-p-lie": "top-p-lie"}
+Rates = dict[str, dict[str, tuple[int, int]]]  # group → length → (rejected, n)
 Thresholds = dict[str, Any]  # signal → flat threshold, plus "by_length": {length: {signal: threshold}}
 
 
@@ -157,8 +168,16 @@ def render_stock_profile(t: Thresholds, records: list[dict[str, Any]], alpha: tu
     return "\n".join(lines) + "\n"
 
 
-def write_profile_and_report(records: list[dict[str, Any]], folder: Path, profile: Path, command: str) -> None:
-    """Fit, then write the profile TOML and folder/report.md."""
+def canonical_rates(records: list[dict[str, Any]]) -> Rates:
+    """Return the seeded campaign's held-out rates, re-fitted from its records with fit.py (as its profile was)."""
+    thresholds = select_signals(records, choose_thresholds(records))
+    return {group: {n: (r.rejected, r.n) for n, r in by_length.items()}
+            for group, by_length in held_out_rates(records, thresholds).items()}
+
+
+def write_profile_and_report(records: list[dict[str, Any]], folder: Path, profile: Path, command: str,
+                             canonical: list[dict[str, Any]] | None = None) -> None:
+    """Fit, then write the profile TOML and folder/report.md (beside the canonical sampler's rates if given)."""
     chosen = choose_stock_thresholds(records)
     seeded = select_stock_signals(records, chosen)
     surprisal = only(chosen, ("surprisal_z_abs",))
@@ -166,7 +185,38 @@ def write_profile_and_report(records: list[dict[str, Any]], folder: Path, profil
     longest = str(max(LENGTHS))
     alpha = rates["vllm-seeded"].get("honest", {}).get(longest, (0, 0))
     profile.write_text(render_stock_profile(seeded, records, alpha))
-    (folder / "report.md").write_text(render_report(records, chosen, seeded, rates, command))
+    report = render_report(records, chosen, seeded, rates, command)
+    if canonical:
+        report += render_comparison(rates, canonical_rates(canonical), len(canonical))
+    (folder / "report.md").write_text(report)
+
+
+def render_comparison(rates: dict[str, Rates], canonical: Rates, runs: int) -> str:
+    """Return the table of tokens needed per attack: stock sampler (both checks) against the canonical sampler."""
+    lines = ["## How much weaker than the canonical (seeded) sampler", "",
+             f"The canonical sampler's numbers are its fp32 campaign ({runs} runs in "
+             "docs/calibration/smollm2-135m-instruct.float32), re-fitted here with node/calibrate/fit.py, held-out "
+             "half; the attacks are the same kinds (its temperature lie is the same +0.1 over max(T, 0.7), its bf16 "
+             "is bf16-as-fp32). Cells: held-out detection at 16 / 32 / 64 tokens; then the shortest length that "
+             "caught every held-out run.", "",
+             "| attack | canonical sampler | stock: Token-DiFR (vllm-seeded) | stock: surprisal only |",
+             "|---|---|---|---|"]
+    lengths = [str(n) for n in LENGTHS]
+
+    def cell(g: dict[str, tuple[int, int]]) -> str:
+        if not g:
+            return "not run"
+        shown = " / ".join(f"{100 * g[n][0] / g[n][1]:.0f} %" if g.get(n, (0, 0))[1] else "–" for n in lengths)
+        return f"{shown} (all by {tokens_needed({n: g[n] for n in lengths if n in g})})"
+
+    for attack in ATTACKS:
+        twin = SEEDED_TWIN.get(attack)
+        stock, surprisal = rates["vllm-seeded"].get(attack, {}), rates["surprisal only"].get(attack, {})
+        lines.append(f"| {attack} | {cell(canonical.get(twin, {})) if twin else 'not run'} | {cell(stock)} | "
+                     f"{cell(surprisal)} |")
+    h = canonical.get("honest", {}).get(lengths[-1], (0, 0))
+    lines += ["", f"Canonical sampler false positives at {lengths[-1]} tokens: {_rate(h)}.", ""]
+    return "\n".join(lines) + "\n"
 
 
 def render_report(records: list[dict[str, Any]], chosen: Thresholds, seeded: Thresholds,
