@@ -136,12 +136,14 @@ def produce(lab: StockLab, run: StockRun) -> tuple[tuple[int, ...], dict[str, An
     raise ValueError(f"unknown stock attack {name}")
 
 
-def validate(lab: StockLab, run: StockRun, output_ids: tuple[int, ...]) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
-    """Return the validator's logits (one prefill) and the stock-sampler signals at every prefix length."""
+def validate(lab: StockLab, run: StockRun,
+             output_ids: tuple[int, ...]) -> tuple[np.ndarray, list[float], dict[str, dict[str, Any]]]:
+    """Return the validator's logits (one prefill), the per-position margins and the signals at every prefix length."""
     ids, params, seed = lab.request(run)
     logits = lab.validator.prefill(ids, output_ids).logits
     positions = measure_stock_positions(logits, output_ids, params, vllm_request_seed(seed))
-    return logits, {str(n): summarise_stock(positions, n).as_dict() for n in LENGTHS if n <= len(output_ids)}
+    margins = [float(f"{x:.7g}") for x in positions.difr.tolist()]
+    return logits, margins, {str(n): summarise_stock(positions, n).as_dict() for n in LENGTHS if n <= len(output_ids)}
 
 
 def run_one(lab: StockLab, run: StockRun) -> dict[str, Any]:
@@ -151,13 +153,13 @@ def run_one(lab: StockLab, run: StockRun) -> dict[str, Any]:
     output_ids, extra = produce(lab, run)
     generated = time.monotonic()
     operator_logits = extra.pop("_logits", None)
-    logits, lengths = validate(lab, run, output_ids)
+    logits, margins, lengths = validate(lab, run, output_ids)
     if operator_logits is not None:  # how far two honest fp32 kernels' logits differ: the floor of honest margins
         extra["logit_noise_max"] = float(np.abs(operator_logits - logits).max())
     return {"key": run.key, "kind": run.kind, "name": run.name, "prompt": run.index % len(lab.prompts),
             "temperature": params.temperature, "top_p": params.top_p, **extra,
             "seconds": {"generate": round(generated - started, 3), "validate": round(time.monotonic() - generated, 3)},
-            "lengths": lengths}
+            "margins": margins, "lengths": lengths}
 
 
 def plan(honest: int, per_attack: int, start: int = 0) -> Iterator[StockRun]:

@@ -168,6 +168,43 @@ def render_stock_profile(t: Thresholds, records: list[dict[str, Any]], alpha: tu
     return "\n".join(lines) + "\n"
 
 
+def per_position_rates(records: list[dict[str, Any]], threshold: float) -> dict[str, tuple[int, int]]:
+    """Return per group the held-out positions whose margin is over the threshold, and the positions recorded."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in records:
+        if is_calibration_split(r["key"]) or is_no_op(r) or "margins" not in r:
+            continue
+        group = "honest" if r["kind"] == "honest" else r["name"]
+        over, n = out.get(group, (0, 0))
+        out[group] = (over + sum(m > threshold for m in r["margins"]), n + len(r["margins"]))
+    return out
+
+
+def tokens_for(q: float, target: float = 0.999) -> float:
+    """Return the tokens that catch with probability `target` when each position is over with probability q."""
+    if q <= 0:
+        return math.inf
+    return 1.0 if q >= 1 else math.log(1 - target) / math.log(1 - q)
+
+
+def render_per_position(records: list[dict[str, Any]], t: Thresholds) -> str:
+    """Return the per-position table: how often one margin is over the threshold, and tokens for 99.9 %."""
+    if not math.isfinite(t["difr_max"]):
+        return ""
+    rates = per_position_rates(records, t["difr_max"])
+    lines = ["## Per position", "",
+             f"Share of held-out positions whose Token-DiFR margin is over the difr_max threshold "
+             f"({t['difr_max']:.4g}), pooled per group, and the tokens that would catch a run with 99.9 % if "
+             "positions were independent (n = ln 0.001 / ln(1 − q), as the seeded sweep reports).", "",
+             "| group | positions over | q | tokens for 99.9 % |", "|---|---:|---:|---:|"]
+    for group in ["honest", *[a for a in ATTACKS if a in rates]]:
+        over, n = rates.get(group, (0, 0))
+        q = over / n if n else math.nan
+        need = "–" if group == "honest" or not n else f"{tokens_for(q):.0f}"
+        lines.append(f"| {group} | {over}/{n} | {q:.4f} | {need} |")
+    return "\n".join(lines) + "\n\n"
+
+
 def canonical_rates(records: list[dict[str, Any]]) -> Rates:
     """Return the seeded campaign's held-out rates, re-fitted from its records with fit.py (as its profile was)."""
     thresholds = select_signals(records, choose_thresholds(records))
@@ -185,7 +222,7 @@ def write_profile_and_report(records: list[dict[str, Any]], folder: Path, profil
     longest = str(max(LENGTHS))
     alpha = rates["vllm-seeded"].get("honest", {}).get(longest, (0, 0))
     profile.write_text(render_stock_profile(seeded, records, alpha))
-    report = render_report(records, chosen, seeded, rates, command)
+    report = render_report(records, chosen, seeded, rates, command) + render_per_position(records, seeded)
     if canonical:
         report += render_comparison(rates, canonical_rates(canonical), len(canonical))
     (folder / "report.md").write_text(report)

@@ -3,6 +3,8 @@
 import math
 import tomllib
 
+import pytest
+
 from node.calibrate.fit import is_calibration_split
 from node.calibrate.stock import plan
 from node.calibrate.stock_fit import (
@@ -76,3 +78,15 @@ def test_the_plan_spreads_attacks_and_extends():
     assert sum(r.kind == "honest" for r in small) == 10 and sum(r.kind == "attack" for r in small) == 14
     assert {r.key for r in small} <= {r.key for r in large}
     assert small[0].kind == "honest" and small[-1].kind == "honest"  # attack rounds sit among the honest runs
+
+
+def test_per_position_rates_and_tokens_for():
+    from node.calibrate.stock_fit import per_position_rates, tokens_for
+
+    records = [{**record("attack", "bf16", i, 0.1, 0.0), "margins": [0.0] * 60 + [0.5] * 4} for i in range(10)]
+    records.append({**record("attack", "bf16", 99, 0.1, 0.0, temperature=0.0), "margins": [0.5] * 64})  # counted
+    held = [r for r in records if not is_calibration_split(r["key"])]
+    over, n = per_position_rates(records, 0.1)["bf16"]
+    assert n == 64 * len(held) and over == sum(4 if r["temperature"] else 64 for r in held)
+    assert tokens_for(0.0) == math.inf and tokens_for(1.0) == 1.0
+    assert tokens_for(0.1) == pytest.approx(math.log(0.001) / math.log(0.9))
