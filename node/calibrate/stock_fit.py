@@ -278,13 +278,16 @@ def render_report(records: list[dict[str, Any]], chosen: Thresholds, seeded: Thr
              "noise cheaters change few noisy argmaxes: the stock check sees a position only when the choice flips, "
              "where the canonical sampler's leaves show every position's weights.", "",
              "## Thresholds", "",
-             "| signal | threshold (flat) | per length | used | largest honest (calibration half) |",
-             "|---|---:|---|---|---:|"]
+             "| signal | threshold (flat) | per length | used | largest honest (calibration half) | "
+             "largest honest (held-out) |",
+             "|---|---:|---|---|---:|---:|"]
     for name in SIGNALS:
         top = max((v for n in lengths for v in honest_values(records, name, n)), default=math.nan)
         per = ", ".join(f"{n}: {o[name]:.4g}" for n, o in sorted(chosen["by_length"].items()) if name in o) or "–"
         used = "yes" if math.isfinite(seeded[name]) else "reported only"
-        lines.append(f"| {name} | {chosen[name]:.4g} | {per} | {used} | {top:.4g} |")
+        held = max((float(r["lengths"][n][name]) for r in honest if not is_calibration_split(r["key"])
+                    for n in lengths if n in r["lengths"]), default=math.nan)
+        lines.append(f"| {name} | {chosen[name]:.4g} | {per} | {used} | {top:.4g} | {held:.4g} |")
     replay = [r.get("replay_mismatches", 0) for r in honest]
     positions = sum(max(map(int, r["lengths"]), default=0) for r in honest)
     noise = [float(r["logit_noise_max"]) for r in honest if "logit_noise_max" in r]
