@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from node.checks.decision import Stage2Thresholds
 from node.checks.fingerprint import FingerprintThresholds
 from node.checks.projection import ProjectionThresholds
+from node.checks.stock_decision import StockThresholds
 from node.engines.models import REPO_ROOT, ModelSpec
 from node.errors import FatalError, Reason
 
@@ -81,15 +82,45 @@ class ProjectionSection(BaseModel):
         return value
 
 
+class StockSection(BaseModel):
+    """Stock-sampler thresholds (a model registered with sampler = "vllm-seeded"): scripts/calibrate_stock.py."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_difr_mean: float
+    max_difr_max: float
+    max_surprisal_z_abs: float
+    by_length: dict[int, dict[str, float]] = Field(default_factory=dict)  # min positions → overrides
+
+    @field_validator("by_length")
+    @classmethod
+    def _known_fields(cls, value: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """Check that every per-length override names a threshold of this section."""
+        unknown = {k for overrides in value.values() for k in overrides} - set(cls.model_fields) - {"by_length"}
+        if unknown or any(n < 1 for n in value):
+            raise ValueError(f"by_length: unknown thresholds {sorted(unknown)} or a length below 1")
+        return value
+
+
 class ModelProfile(BaseModel):
-    """A whole profile file: fingerprint thresholds, and stage 2's once calibrated."""
+    """A whole profile file: fingerprint thresholds and stage 2's once calibrated, or a stock sampler's."""
 
     model_config = ConfigDict(extra="allow")
 
     meta: ProfileMeta
-    fingerprint: FingerprintSection
+    fingerprint: FingerprintSection | None = None  # absent for a stock sampler (stock engines commit none)
     stage2: Stage2Section | None = None
     projection: ProjectionSection | None = None
+    stock: StockSection | None = None
+
+    def stock_thresholds(self) -> StockThresholds:
+        """Return the stock-sampler thresholds, or raise if this profile has none."""
+        if self.stock is None:
+            raise FatalError(f"profile for {self.meta.model} has no [stock] section: run scripts/calibrate_stock.py",
+                             Reason.UNKNOWN_SAMPLER)
+        by_length = tuple((n, tuple(sorted(o.items()))) for n, o in sorted(self.stock.by_length.items()))
+        return StockThresholds(self.stock.max_difr_mean, self.stock.max_difr_max, self.stock.max_surprisal_z_abs,
+                               by_length)
 
     def projection_thresholds(self) -> ProjectionThresholds | None:
         """Return the projection-fingerprint thresholds, or None if this profile has none (kind 1 not calibrated)."""
@@ -98,7 +129,10 @@ class ModelProfile(BaseModel):
         return ProjectionThresholds(self.projection.max_distance, dict(self.projection.by_length))
 
     def fingerprint_thresholds(self) -> FingerprintThresholds:
-        """Return the fingerprint thresholds for the decision."""
+        """Return the fingerprint thresholds for the decision (a profile without them is a stock sampler's)."""
+        if self.fingerprint is None:
+            raise FatalError(f"profile for {self.meta.model} has no [fingerprint] section (a stock-sampler profile)",
+                             Reason.UNKNOWN_SAMPLER)
         return FingerprintThresholds(**self.fingerprint.model_dump())
 
     def stage2_thresholds(self) -> Stage2Thresholds:

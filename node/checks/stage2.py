@@ -454,6 +454,13 @@ def compute_kept_mass_t(shifts: np.ndarray) -> float:
     return abs(mean) / (sd / math.sqrt(n)) if sd > 0.0 else math.inf
 
 
+def compute_surprisal_z(surprisal: float, entropy: float, variance: float) -> float:
+    """Return (Σ surprisal − Σ entropy) / √(Σ variance); without variance 0 if not above the entropy, else inf."""
+    if variance > 1e-12:
+        return (surprisal - entropy) / math.sqrt(variance)
+    return 0.0 if surprisal <= entropy + 1e-9 else math.inf
+
+
 def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasurement, ...]) -> Stage2Measurements:
     """Return the artifact-level signals from per-position measurements."""
     n = max(len(rows), 1)
@@ -464,8 +471,7 @@ def summarise(rows: list[PositionMeasurement], fingerprint: tuple[ChunkMeasureme
     surprisal = sum(r.surprisal for r in rows)
     entropy = sum(r.entropy for r in rows)
     variance = sum(r.surprisal_variance for r in rows)
-    z = (surprisal - entropy) / math.sqrt(variance) if variance > 1e-12 else (0.0 if surprisal <= entropy + 1e-9
-                                                                               else math.inf)
+    z = compute_surprisal_z(surprisal, entropy, variance)
     return Stage2Measurements(
         positions=len(rows), distance2=float(dist.mean()) + mismatch, logprob_distance_sum=float(dist.sum()),
         logprob_distance_max=float(dist.max()), candidate_mismatch_rate=mismatch,

@@ -82,6 +82,9 @@ class ModelSpec(BaseModel):
     # in preference order: executers commit the first, validators accept any listed.
     fingerprint_kinds: tuple[int, ...] = Field((KIND_TOPLOC,), min_length=1, max_length=2)
     projection: ProjectionConfig | None = None
+    # How operators sample: "canonical" (verinfer's seeded sampler, stage 1 + stage 2) or "vllm-seeded" (stock
+    # vLLM with the request seed of docs/protocol.md §13, checked by node.checks.stock; another name, model id).
+    sampler: Literal["canonical", "vllm-seeded"] = "canonical"
 
     @model_validator(mode="after")
     def _require_projection_for_kind_1(self) -> ModelSpec:

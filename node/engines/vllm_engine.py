@@ -9,6 +9,10 @@
   caching off (a cached prefix would never pass through the norm again).
 * Prefill: one generation step over prompt + output[:-1]; the hook gives every hidden row and the
   LM head applied to them gives the logits, the same pass stage 2 needs.
+* Stock sampling (``generate_stock``, the "vllm-seeded" sampler mode): vLLM's own seeded sampler with
+  the request seed node.protocol.vllm_sampler derives from the run seed; the processor only records
+  the row's raw logits when asked (``extra_args["verinfer_record"]``), so the test can replay vLLM's
+  choices from vLLM's own logits.
 The processor and hook must live in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
 * Projection fingerprints (kind 1, protocol v2): a registration whose only source is the last hidden
   state works as is (the final-norm hook). Decoder-layer sources are not recorded: vLLM's Llama layers
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _SAMPLES: dict[str, list[PositionSample]] = {}
 _HIDDEN: list[torch.Tensor] = []
+_LOGITS: dict[str, list[torch.Tensor]] = {}  # raw logits rows of requests tagged verinfer_record
 _CAPTURE = {"on": False}
 
 
@@ -63,11 +68,17 @@ class _RowState:
     output_ids: list[int]
 
 
+@dataclass
+class _RecordState:
+    key: str
+    output_ids: list[int]
+
+
 class CanonicalSampler(LogitsProcessor):
-    """vLLM logits processor that applies verinfer's canonical sampler to tagged requests."""
+    """vLLM logits processor that applies verinfer's canonical sampler to tagged requests (or records logits)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.rows: dict[int, _RowState] = {}
+        self.rows: dict[int, _RowState | _RecordState] = {}
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
 
     @classmethod
@@ -83,10 +94,12 @@ class CanonicalSampler(LogitsProcessor):
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Track which batch rows carry verinfer requests."""
-        def new_state(params: VllmSamplingParams, _prompt: list[int] | None, output: list[int]) -> _RowState | None:
+        def new_state(params: VllmSamplingParams, _prompt: list[int] | None,
+                      output: list[int]) -> _RowState | _RecordState | None:
             spec = (params.extra_args or {}).get("verinfer")
+            record = (params.extra_args or {}).get("verinfer_record")
             if spec is None:
-                return None
+                return None if record is None else _RecordState(str(record), output)
             p = SamplingParams.from_bits(*spec["params"])
             seed = bytes.fromhex(spec["run_seed"])
             return _RowState(spec["run_seed"], p, int(spec["k"]), compute_sampler_uniforms(seed, p.max_tokens), output)
@@ -96,6 +109,9 @@ class CanonicalSampler(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Sample each tagged row canonically and force vLLM's greedy step onto that token."""
         for index, row in self.rows.items():
+            if isinstance(row, _RecordState):
+                _LOGITS.setdefault(row.key, []).append(logits[index, : self.vocab_size].detach().float().cpu().clone())
+                continue
             position = len(row.output_ids)
             if position >= row.uniforms.size:
                 continue
@@ -119,6 +135,15 @@ def _install_hook(model: Any) -> None:
 
 def _lm_head_weight(model: Any) -> torch.Tensor:
     return model.lm_head.weight.detach().float().cpu().clone()
+
+
+@dataclass(frozen=True, eq=False)
+class StockGeneration:
+    """A generation by vLLM's own sampler: the tokens, why it stopped, and (if recorded) vLLM's raw logits."""
+
+    output_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    logits: np.ndarray | None  # (N, vocab) float32 rows vLLM sampled from, before temperature
 
 
 @dataclass(frozen=True)
@@ -184,6 +209,27 @@ class VllmEngine(Engine):
             raise FatalError(f"captured {rows.shape[0]} hidden rows, expected {expected}", Reason.OK)
         finish: FinishReason = "stop" if output_ids and output_ids[-1] in r.stop_ids else "length"
         return Generation(tuple(output_ids), tuple(samples), rows, finish)
+
+    def generate_stock(self, prompt_ids: Sequence[int], params: SamplingParams, request_seed: int,
+                       stop_ids: frozenset[int] = frozenset(), record_logits: bool = False) -> StockGeneration:
+        """Generate with vLLM's own seeded sampler (the stock operator's engine); optionally keep the raw logits."""
+        if not prompt_ids or any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise InvalidParams("empty prompt or token id out of range", Reason.OUT_OF_RANGE)
+        if params.max_tokens < 1:
+            raise InvalidParams("generation needs max_tokens >= 1", Reason.OUT_OF_RANGE)
+        key = f"stock-{request_seed}-{threading.get_ident()}"
+        extra = {"verinfer_record": key} if record_logits else None
+        sampling = VllmSamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                      seed=request_seed, max_tokens=params.max_tokens,
+                                      stop_token_ids=sorted(stop_ids), ignore_eos=True, skip_special_tokens=False,
+                                      extra_args=extra)
+        with _LOCK:
+            _LOGITS.pop(key, None)
+            output_ids, _ = self._run(prompt_ids, sampling)
+            rows = _LOGITS.pop(key, [])
+        logits = torch.stack(rows[: len(output_ids)]).numpy() if record_logits and rows else None
+        finish: FinishReason = "stop" if output_ids and output_ids[-1] in stop_ids else "length"
+        return StockGeneration(tuple(output_ids), finish, logits)
 
     def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
         """Return logits for every output position and hidden rows from one forward pass."""

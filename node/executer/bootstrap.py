@@ -58,6 +58,9 @@ def load_engine(files: ModelFiles, settings: ExecuterSettings) -> Engine:
 def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService, Path, ModelProfile]:
     """Return a ready executer service with its profile."""
     spec = get_model_spec(settings.model)
+    if spec.sampler != "canonical":  # its operators run the stock engine itself (docs/protocol.md §13)
+        raise FatalError(f"{spec.name} is registered for the {spec.sampler} sampler: serve it with stock vLLM and the "
+                         "request seed rule, not with verinfer's executer", Reason.UNKNOWN_SAMPLER)
     resolve_dtype(spec, settings.dtype)  # before minutes of conversion and loading
     files = materialise_model(spec, settings.cache_dir)
     profile_path, profile = load_profile(spec)

@@ -25,6 +25,7 @@ class Reason(IntEnum):
     OUT_OF_RANGE = 106
     NON_FINITE_HIDDEN = 107
     UNKNOWN_MODEL = 108
+    UNKNOWN_SAMPLER = 109  # a model registered with a sampler mode this node does not implement
 
     # Artifact decoding (2xx).
     WIRE_TOO_LARGE = 200
@@ -82,6 +83,9 @@ class Reason(IntEnum):
     TEMPERATURE_FIT = 510
     TOP_P_FIT = 511
     FINGERPRINT_PROJECTION_DISTANCE = 512
+    # The stock-sampler check (node.checks.stock_decision; a model registered with sampler = "vllm-seeded").
+    TOKEN_DIFR = 520  # mean Token-DiFR margin over the profile's threshold
+    TOKEN_DIFR_MAX = 521  # one position's Token-DiFR margin over the profile's threshold
 
     # 6xx: node operation (typed errors of the daemon; never the reason of a signed verdict)
     STORE_LOCKED = 600

@@ -9,7 +9,7 @@ from node.engines.tokenizer import ModelTokenizer
 
 # what the lead registers on chain with each model (ModelRegistry.stopTokensOf)
 EXPECTED = {"smollm2-135m-instruct": (2,), "smollm2-135m-instruct-bf16": (2,), "gemma-3-270m": (1,),
-            "tiny-llama": (2,), "smollm2-moe-4x135m": (2,)}
+            "tiny-llama": (2,), "smollm2-moe-4x135m": (2,), "smollm2-135m-instruct-vllm-stock": (2,)}
 
 
 def test_every_registered_model_declares_its_stop_tokens():
