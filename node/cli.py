@@ -77,7 +77,9 @@ def calibrate_run(
     honest: int = typer.Option(300, help="Honest run specs (batch4 specs yield four runs each)."),
     per_attack: int = typer.Option(16, help="Runs per attack."),
     tokens: int = typer.Option(64, help="Generated tokens per run (prefixes 16/32/64/128 are measured)."),
-    gemma: bool = typer.Option(True, help="Include the Gemma-3-270M attacks (slow: 262k vocabulary)."),
+    other_model: bool = typer.Option(True, "--other-model/--no-other-model", "--gemma/--no-gemma",
+                                     help="Include the attacks with the registry's other real model "
+                                     "(for SmolLM2: Gemma-3-270M, slow: 262k vocabulary)."),
     variants: str = typer.Option("", help="Comma-separated honest variants to run (default: all available)."),
     runs_file: str = typer.Option("runs.jsonl", help="Records file inside OUT (one per process)."),
     start: int = typer.Option(0, min=0, help="First run index (another campaign: other prompts, params, seeds)."),
@@ -93,17 +95,17 @@ def calibrate_run(
         raise typer.BadParameter("dtype must be float32 or bfloat16")
     out = out or Path("docs/calibration") / f"{model}.{dtype}"
     logging.basicConfig(level=logging.WARNING)
-    lab, available = build_lab(model, tokens, with_gemma=gemma and per_attack > 0, dtype=dtype)
+    lab, available = build_lab(model, tokens, with_other=other_model and per_attack > 0, dtype=dtype)
     chosen = tuple(v for v in variants.split(",") if v) or available
     if not set(chosen) <= set(available):
         raise typer.BadParameter(f"variants {chosen} not all available here: {available}")
-    attacks = attacks_for(dtype)
+    attacks = attacks_for(dtype, lab.other, "other-model-tiny" in lab.generators)
     if only:
         wanted = tuple(a for a in only.split(",") if a)
         if not set(wanted) <= set(attacks):
             raise typer.BadParameter(f"unknown attacks for {dtype}: {sorted(set(wanted) - set(attacks))}")
         attacks = wanted
-    specs = [s for s in plan_runs(honest, per_attack, chosen, attacks, start) if gemma or "gemma" not in s.name]
+    specs = list(plan_runs(honest, per_attack, chosen, attacks, start))
     console.print(f"{len(specs)} run specs; claimed {dtype}; honest variants {chosen}; attacks {len(attacks)}")
     with Progress(console=console) as progress:
         task = progress.add_task("calibrating", total=None)
@@ -128,7 +130,7 @@ def calibrate_sweep(
 
     logging.basicConfig(level=logging.WARNING)
     out = out or Path("docs/calibration") / f"{model}.{dtype}"
-    lab, _ = build_lab(model, tokens, with_gemma=False, dtype=dtype)
+    lab, _ = build_lab(model, tokens, with_other=False, dtype=dtype)
     with Progress(console=console) as progress:
         task = progress.add_task("sweep", total=None)
         ran = run_sweep(lab, out / "runs-sweep.jsonl", runs,
@@ -169,6 +171,8 @@ def calibrate_fit(
 
 @app.command("devnet")
 def devnet(
+    model: str = typer.Option("smollm2-135m-instruct", help="Registered model (config/models.toml) the network "
+                              "serves and checks; its profile must be calibrated."),
     rounds: int = typer.Option(6, min=1, max=100, help="Requests per operator (none once it is jailed)."),
     validators: int = typer.Option(3, min=1, max=8, help="Validator processes."),
     committee: int = typer.Option(2, min=1, max=8, help="Validators drawn per inference."),
@@ -179,7 +183,7 @@ def devnet(
     """A local network: anvil + contract, an honest and three cheating operators, validators, a requester."""
     from node.devnet import DevnetOptions, run_devnet
 
-    options = DevnetOptions(rounds=rounds, validators=validators, committee=min(committee, validators),
+    options = DevnetOptions(model=model, rounds=rounds, validators=validators, committee=min(committee, validators),
                             tokens=tokens, threads=threads, out=out)
     raise typer.Exit(run_devnet(options, console))
 
