@@ -148,7 +148,8 @@ def calibrate_fit(
 ) -> None:
     """Choose thresholds on the calibration half, report rates on the held-out half, write the profile.
 
-    fresh*.jsonl (honest runs recorded after the thresholds were fixed) are reported, never fitted.
+    fresh*.jsonl (honest runs recorded after the thresholds were fixed) are reported, never fitted;
+    notes.md beside the runs (how the campaign ran, what it left out) becomes the report's campaign section.
     """
     from node.calibrate.report import render_profile, write_report
     from node.calibrate.runs import read_records
@@ -160,7 +161,8 @@ def calibrate_fit(
     fresh = [r for path in sorted(runs.glob("fresh*.jsonl")) for r in read_records(path)]
     folder = report or runs
     sweep = read_records(runs / "runs-sweep.jsonl")
-    thresholds, rates = write_report(records, folder, model, dtype, sweep, fresh)
+    notes = (runs / "notes.md").read_text() if (runs / "notes.md").exists() else ""  # the campaign, in words
+    thresholds, rates = write_report(records, folder, model, dtype, sweep, fresh, notes)
     console.print(f"report: {folder / 'report.md'} ({len(records)} records); alpha {rates['alpha']:.4f} "
                   f"(95 % upper {rates['alpha_upper']:.4f}) over {rates['honest_runs']} held-out honest runs")
     if write_profile:
