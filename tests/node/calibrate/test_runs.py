@@ -62,8 +62,9 @@ def test_the_other_model_attacks_name_the_registry_s_other_real_model():
 
     assert other_real_model(get_model_spec("smollm2-135m-instruct")).name == "gemma-3-270m"
     assert other_real_model(get_model_spec("smollm2-135m-instruct-bf16")).name == "gemma-3-270m"  # same weights
+    assert other_real_model(get_model_spec("smollm2-moe-4x135m")).name == "gemma-3-270m"  # SmolLM2's own kin
     assert other_real_model(get_model_spec("gemma-3-270m")).name == "smollm2-135m-instruct"
-    assert other_real_model(get_model_spec("tiny-llama")) is None
+    assert other_real_model(get_model_spec("gemma-3-270m"), {"g": get_model_spec("gemma-3-270m")}) is None
     gemma = attacks_for("float32", "smollm2", tiny=False)
     assert {"other-model-smollm2", "prefill-smollm2/cheap-tokens", "prefill-smollm2/real-weights"} <= set(gemma)
     assert not [a for a in gemma if "gemma" in a or "tiny" in a] and len(gemma) == len(ATTACKS) - 1
