@@ -21,6 +21,7 @@ def test_the_devnet_on_another_model_slashes_every_cheater_and_pays_the_honest_o
                           "--validators", "3", "--committee", "3", "--tokens", "16", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
     output = run.stdout.decode(errors="replace")
+    (out / "stdout.txt").write_text(output)  # the live view's last frame and the event feed, for a look afterwards
     assert run.returncode == 0, output[-4000:]
     record = json.loads((out / "devnet.json").read_text())
     assert record["ok"] and record["options"]["model"] == model, record["problems"]
