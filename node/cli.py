@@ -77,7 +77,9 @@ def calibrate_run(
     honest: int = typer.Option(300, help="Honest run specs (batch4 specs yield four runs each)."),
     per_attack: int = typer.Option(16, help="Runs per attack."),
     tokens: int = typer.Option(64, help="Generated tokens per run (prefixes 16/32/64/128 are measured)."),
-    gemma: bool = typer.Option(True, help="Include the Gemma-3-270M attacks (slow: 262k vocabulary)."),
+    other_model: bool = typer.Option(True, "--other-model/--no-other-model", "--gemma/--no-gemma",
+                                     help="Include the attacks with the registry's other real model "
+                                     "(for SmolLM2: Gemma-3-270M, slow: 262k vocabulary)."),
     variants: str = typer.Option("", help="Comma-separated honest variants to run (default: all available)."),
     runs_file: str = typer.Option("runs.jsonl", help="Records file inside OUT (one per process)."),
     start: int = typer.Option(0, min=0, help="First run index (another campaign: other prompts, params, seeds)."),
@@ -93,17 +95,17 @@ def calibrate_run(
         raise typer.BadParameter("dtype must be float32 or bfloat16")
     out = out or Path("docs/calibration") / f"{model}.{dtype}"
     logging.basicConfig(level=logging.WARNING)
-    lab, available = build_lab(model, tokens, with_gemma=gemma and per_attack > 0, dtype=dtype)
+    lab, available = build_lab(model, tokens, with_other=other_model and per_attack > 0, dtype=dtype)
     chosen = tuple(v for v in variants.split(",") if v) or available
     if not set(chosen) <= set(available):
         raise typer.BadParameter(f"variants {chosen} not all available here: {available}")
-    attacks = attacks_for(dtype)
+    attacks = attacks_for(dtype, lab.other, "other-model-tiny" in lab.generators)
     if only:
         wanted = tuple(a for a in only.split(",") if a)
         if not set(wanted) <= set(attacks):
             raise typer.BadParameter(f"unknown attacks for {dtype}: {sorted(set(wanted) - set(attacks))}")
         attacks = wanted
-    specs = [s for s in plan_runs(honest, per_attack, chosen, attacks, start) if gemma or "gemma" not in s.name]
+    specs = list(plan_runs(honest, per_attack, chosen, attacks, start))
     console.print(f"{len(specs)} run specs; claimed {dtype}; honest variants {chosen}; attacks {len(attacks)}")
     with Progress(console=console) as progress:
         task = progress.add_task("calibrating", total=None)
@@ -128,7 +130,7 @@ def calibrate_sweep(
 
     logging.basicConfig(level=logging.WARNING)
     out = out or Path("docs/calibration") / f"{model}.{dtype}"
-    lab, _ = build_lab(model, tokens, with_gemma=False, dtype=dtype)
+    lab, _ = build_lab(model, tokens, with_other=False, dtype=dtype)
     with Progress(console=console) as progress:
         task = progress.add_task("sweep", total=None)
         ran = run_sweep(lab, out / "runs-sweep.jsonl", runs,
@@ -146,7 +148,8 @@ def calibrate_fit(
 ) -> None:
     """Choose thresholds on the calibration half, report rates on the held-out half, write the profile.
 
-    fresh*.jsonl (honest runs recorded after the thresholds were fixed) are reported, never fitted.
+    fresh*.jsonl (honest runs recorded after the thresholds were fixed) are reported, never fitted;
+    notes.md beside the runs (how the campaign ran, what it left out) becomes the report's campaign section.
     """
     from node.calibrate.report import render_profile, write_report
     from node.calibrate.runs import read_records
@@ -158,7 +161,8 @@ def calibrate_fit(
     fresh = [r for path in sorted(runs.glob("fresh*.jsonl")) for r in read_records(path)]
     folder = report or runs
     sweep = read_records(runs / "runs-sweep.jsonl")
-    thresholds, rates = write_report(records, folder, model, dtype, sweep, fresh)
+    notes = (runs / "notes.md").read_text() if (runs / "notes.md").exists() else ""  # the campaign, in words
+    thresholds, rates = write_report(records, folder, model, dtype, sweep, fresh, notes)
     console.print(f"report: {folder / 'report.md'} ({len(records)} records); alpha {rates['alpha']:.4f} "
                   f"(95 % upper {rates['alpha_upper']:.4f}) over {rates['honest_runs']} held-out honest runs")
     if write_profile:
@@ -169,23 +173,24 @@ def calibrate_fit(
 
 @app.command("devnet")
 def devnet(
+    model: str = typer.Option("smollm2-135m-instruct", help="Registered model (config/models.toml) the network "
+                              "serves and checks; its profile must be calibrated."),
     rounds: int = typer.Option(6, min=1, max=100, help="Requests per operator (none once it is jailed)."),
     validators: int = typer.Option(3, min=1, max=8, help="Validator processes."),
     committee: int = typer.Option(2, min=1, max=8, help="Validators drawn per inference."),
     tokens: int = typer.Option(32, min=4, max=512, help="Generated tokens per request."),
     threads: int = typer.Option(1, min=1, help="torch threads per process."),
     out: Path = typer.Option(Path("devnet-out"), help="Logs, node state, devnet.json and the plot."),
-    model: str | None = typer.Option(None, "--model", help="A registered model; an MoE one runs the MoE devnet."),
 ) -> None:
     """A local network: anvil + contract, an honest and three cheating operators, validators, a requester."""
     from node.devnet import DevnetOptions, run_devnet
+    from node.engines.models import get_model_spec
 
-    if model is not None:
+    if get_model_spec(model).source == "upcycled-moe":  # the MoE devnet: validators hold experts
         from node.devnet.moe import run_devnet_for_model
 
         raise typer.Exit(run_devnet_for_model(model, rounds, validators, tokens, threads, out, console))
-
-    options = DevnetOptions(rounds=rounds, validators=validators, committee=min(committee, validators),
+    options = DevnetOptions(model=model, rounds=rounds, validators=validators, committee=min(committee, validators),
                             tokens=tokens, threads=threads, out=out)
     raise typer.Exit(run_devnet(options, console))
 

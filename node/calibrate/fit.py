@@ -5,7 +5,11 @@ held-out half (error rates are reported there). Threshold rule, per signal, over
 length of the calibration half's honest runs:
 - error magnitudes (weight error, logprob distance, candidate mismatch, fingerprint mantissa): four
   times the largest honest value (numerical noise has a longer tail than a few hundred runs show;
-  in fp32 the attacks measured sit 10^3-10^5 above it, so the margin costs nothing);
+  in fp32 the attacks measured sit 10^3-10^5 above it, so the margin costs nothing). The fingerprint
+  mantissa mean is quantised (one mantissa unit in one of TOPK values is 1/TOPK): its largest honest
+  value counts as at least that one quantum, so a calibration half that happened to see no mantissa
+  error does not set a threshold of 0 (Gemma-3-270M fp32: 0 in every calibration-half honest run, one
+  quantum in three held-out batched runs and in an honest devnet inference);
 - sampler margin: four times the larger of the largest honest margin and the largest honest weight
   error (a margin below the numerical noise of the weights is noise);
 - counts (fingerprint exponent / sign mismatches): twice the largest honest count, plus one;
@@ -49,6 +53,7 @@ from typing import Any
 
 from node.checks.decision import T_VALUES, compute_beyond_calibration_scale, select_length_bucket
 from node.checks.stage2 import compute_kept_mass_score
+from node.protocol.fingerprint import TOPK
 
 LENGTHS = ("16", "32", "64", "128")
 MAGNITUDES = ("weight_error_max", "logprob_distance_max", "candidate_mismatch_rate",
@@ -71,6 +76,7 @@ TOPLOC = {"fingerprint_exponent_mismatches_max": 38, "fingerprint_mantissa_mean_
           "fingerprint_mantissa_median_max": 8.0}
 SELECTABLE = tuple(name for name in ORDER if not name.startswith("fingerprint_"))
 SAFETY = 4.0
+QUANTA = {"fingerprint_mantissa_mean_max": 1 / TOPK}  # the smallest nonzero value a quantised magnitude takes
 
 
 def is_calibration_split(key: str) -> bool:
@@ -101,7 +107,7 @@ def choose_thresholds(records: list[dict[str, Any]]) -> dict[str, float]:
     if not honest:
         raise ValueError("no honest calibration runs")
     top = {name: max(float(s[name]) for s in honest) for name in ORDER if all(name in s for s in honest)}
-    out = {name: SAFETY * top[name] for name in MAGNITUDES}
+    out = {name: SAFETY * max(top[name], QUANTA.get(name, 0.0)) for name in MAGNITUDES}
     out.update({name: 2 * top[name] + 1 for name in COUNTS})
     out["sampler_margin_max"] = SAFETY * max(top["sampler_margin_max"], top["weight_error_max"])
     out["surprisal_z"] = top["surprisal_z"] + 2

@@ -125,8 +125,12 @@ def fresh_lines(fresh: list[dict[str, Any]], thresholds: dict[str, float]) -> li
 
 def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype: str,
                  sweep: list[dict[str, Any]] | None = None,
-                 fresh: list[dict[str, Any]] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
-    """Write report.md and PNGs into folder; return the thresholds and the rates for the profile."""
+                 fresh: list[dict[str, Any]] | None = None,
+                 notes: str = "") -> tuple[dict[str, float], dict[str, Any]]:
+    """Write report.md and PNGs into folder; return the thresholds and the rates for the profile.
+
+    `notes` (markdown: how the campaign was run, what it left out) goes in as its own section.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     chosen = choose_thresholds(records)
     thresholds = select_signals(records, chosen)
@@ -143,8 +147,10 @@ def write_report(records: list[dict[str, Any]], folder: Path, model: str, dtype:
     lines = [f"# Calibration report: {model} ({dtype})", "",
              f"Generated {_dt.date.today().isoformat()} by `verinfer calibrate` from {len(records)} recorded runs "
              "(runs*.jsonl beside this file). Thresholds chosen on the calibration half, rates measured on the "
-             "held-out half (split by a hash of each run's key). Rules: node/calibrate/fit.py.", "",
-             "## Thresholds", "",
+             "held-out half (split by a hash of each run's key). Rules: node/calibrate/fit.py.", ""]
+    if notes.strip():
+        lines += ["## The campaign", "", notes.strip(), ""]
+    lines += ["## Thresholds", "",
              "A signal marked *reported only* caught no calibration-half attack that the signals kept did not "
              "also catch, so it is measured and shown but not decided on (rule in fit.py).", "",
              "| signal | threshold | used | largest honest (calibration half) |", "|---|---:|---|---:|"]

@@ -96,6 +96,7 @@ class Lab:
     k: int = 5
     honest: Any = None  # the engine at the claimed precision (default: the validator's, i.e. fp32 claims fp32)
     dtype: str = "float32"  # the claimed precision
+    other: str = ""  # the family of another real model in generators["other"] (its attacks' names), "" if none
 
     def __post_init__(self) -> None:
         if self.honest is None:
@@ -105,7 +106,7 @@ class Lab:
         """Return the prompt ids, declared params, user seed and inference id of a run."""
         prompt = self.prompts[(spec.index + shift) % len(self.prompts)]
         t, p = PARAM_GRID[(spec.index // len(self.prompts) + spec.index) % len(PARAM_GRID)]
-        ids = self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        ids = encode_prompt(self.tokenizer, prompt)
         iid = int.from_bytes(hashlib.sha256(spec.key.encode()).digest()[:8], "big")
         return ids, SamplingParams(t, p, 0, self.tokens), spec.index + 1, iid
 
@@ -113,6 +114,14 @@ class Lab:
         """Return the header an executer declares."""
         return ArtifactHeader(self.files.model_id, params.temperature_bits, params.top_p_bits, params.top_k,
                               params.max_tokens, self.k, seed, prompt_ids, n)
+
+
+def encode_prompt(tokenizer: ModelTokenizer, text: str, system: str = "") -> tuple[int, ...]:
+    """Return a request's prompt ids: a user message (after a system one if given), or a base model's text."""
+    if tokenizer.chat:
+        system_messages = [{"role": "system", "content": system}] if system else []
+        return tokenizer.encode_chat([*system_messages, {"role": "user", "content": text}])
+    return tokenizer.encode_text(f"{system}\n\n{text}" if system else text)
 
 
 def claim_from_generation(lab: Lab, prompt_ids: tuple[int, ...], params: SamplingParams, seed: bytes,
@@ -140,9 +149,9 @@ def honest_claims(lab: Lab, spec: RunSpec) -> list[Claim]:
                                                                                                strict=True)]
     ids, params, user_seed, iid = lab.request(spec)
     seed = run_seed(user_seed, iid)
-    if spec.name == "threads1":
+    if spec.name in THREADS:  # the thread count itself, whatever the process's default (OMP_NUM_THREADS)
         before = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(THREADS[spec.name])
         try:
             gen = generate(lab.honest, lab, ids, params, seed)
         finally:
@@ -153,6 +162,7 @@ def honest_claims(lab: Lab, spec: RunSpec) -> list[Claim]:
 
 
 HONEST_VARIANTS = ("threads2", "threads1", "nocache", "batch4", "vllm")
+THREADS = {"threads1": 1, "threads2": 2}
 
 
 # ---- cheaters --------------------------------------------------------------------------------
@@ -185,12 +195,13 @@ def prefill_attack(lab: Lab, prompt_ids: tuple[int, ...], params: SamplingParams
     return Claim(lab.header(prompt_ids, params, seed, len(cheap)), positions, pre.hidden)
 
 
-def _gemma_tokens(lab: Lab, spec: RunSpec, n: int) -> tuple[tuple[int, ...], np.ndarray]:
-    gemma, gemma_tok = lab.generators["gemma"], lab.generators["gemma-tokenizer"]
+def _other_model_tokens(lab: Lab, spec: RunSpec, n: int) -> tuple[tuple[int, ...], np.ndarray]:
+    """Return n tokens of the other real model's answer, re-tokenised for the claimed model, and its hidden states."""
+    other, other_tok = lab.generators["other"], lab.generators["other-tokenizer"]
     text = lab.prompts[spec.index % len(lab.prompts)]
-    g_ids = gemma_tok.encode_text(text + "\n")
-    gen = generate(gemma, lab, g_ids, SamplingParams(0.8, 1.0, 0, 2 * n), run_seed(spec.index, 7))
-    ids = lab.tokenizer.hf(gemma_tok.decode(gen.output_ids), add_special_tokens=False)["input_ids"]
+    o_ids = encode_prompt(other_tok, text) if other_tok.chat else other_tok.encode_text(text + "\n")
+    gen = generate(other, lab, o_ids, SamplingParams(0.8, 1.0, 0, 2 * n), run_seed(spec.index, 7))
+    ids = lab.tokenizer.hf(other_tok.decode(gen.output_ids), add_special_tokens=False)["input_ids"]
     ids = (list(ids) * 4)[:n] if ids else [lab.tokenizer.hf.eos_token_id] * n
     return tuple(int(t) for t in ids), gen.hidden
 
@@ -209,25 +220,26 @@ def attack_claim(lab: Lab, spec: RunSpec) -> Claim:
         actual = replace(params, top_p=0.9 if params.top_p == 1.0 else 0.95)
         return claim_from_generation(lab, ids, params, seed, generate(lab.honest, lab, ids, actual, seed))
     if name == "system-prompt-injected":
-        injected = lab.tokenizer.encode_chat([{"role": "system", "content": INJECTED_SYSTEM},
-                                              {"role": "user", "content": lab.prompts[spec.index % len(lab.prompts)]}])
+        injected = encode_prompt(lab.tokenizer, lab.prompts[spec.index % len(lab.prompts)], system=INJECTED_SYSTEM)
         gen = generate(lab.honest, lab, injected, params, seed)
         return Claim(lab.header(ids, params, seed, len(gen.output_ids)), gen.positions(lab.k), gen.hidden)
     if name.startswith("prefill-"):
         cheap_source, keep = name.removeprefix("prefill-").split("/")
         if cheap_source == "int8":
             cheap = generate(lab.generators["int8"], lab, ids, params, seed).output_ids
+        elif cheap_source == lab.other:
+            cheap, _ = _other_model_tokens(lab, spec, lab.tokens)
         else:
-            cheap, _ = _gemma_tokens(lab, spec, lab.tokens)
+            raise ValueError(f"no cheap model {cheap_source!r} in this lab")
         return prefill_attack(lab, ids, params, seed, cheap, keep)
-    if name == "other-model-gemma":
-        tokens, g_hidden = _gemma_tokens(lab, spec, lab.tokens)
+    if lab.other and name == f"other-model-{lab.other}":
+        tokens, o_hidden = _other_model_tokens(lab, spec, lab.tokens)
         v = compute_sampler_uniforms(seed, len(tokens))
         samples = [forge_leaf(PositionSample(t, tuple((t + j) % lab.files.spec.vocab_size for j in range(lab.k)),
                                              (WEIGHT_MAX, 0, 0, 0, 0)[: lab.k], (-0.5,) * lab.k, -0.5), t, int(v[i]),
                               lab.k) for i, t in enumerate(tokens)]
-        rows = len(ids) + len(tokens) - 1
-        hidden = np.resize(g_hidden[:, : lab.validator.model.config.hidden_size], (rows, 576)).astype(np.float32)
+        rows, width = len(ids) + len(tokens) - 1, lab.validator.model.config.hidden_size
+        hidden = np.resize(o_hidden[:, :width], (rows, width)).astype(np.float32)
         positions = make_positions([s.chosen for s in samples], [s.token_ids for s in samples],
                                    [s.weights for s in samples], [s.raw_logprobs for s in samples])
         return Claim(lab.header(ids, params, seed, len(tokens)), positions, hidden)
@@ -256,16 +268,30 @@ def swap_one_token(lab: Lab, claim: Claim) -> Claim:
     return Claim(claim.header, positions, claim.hidden)
 
 
-ATTACKS = ("other-model-tiny", "other-model-gemma", "int8", "bf16-as-fp32", "weight-noise-1pct", "skip-layer",
-           "prefill-int8/cheap-tokens", "prefill-int8/real-weights", "prefill-gemma/cheap-tokens",
-           "prefill-gemma/real-weights", "temperature-lie", "top-p-lie", "system-prompt-injected", "swapped-token",
-           "fingerprint-other-precision")
+ATTACK_TEMPLATES = ("other-model-tiny", "other-model-{other}", "int8", "bf16-as-fp32", "weight-noise-1pct",
+                    "skip-layer", "prefill-int8/cheap-tokens", "prefill-int8/real-weights",
+                    "prefill-{other}/cheap-tokens", "prefill-{other}/real-weights", "temperature-lie", "top-p-lie",
+                    "system-prompt-injected", "swapped-token", "fingerprint-other-precision")
 PRECISION_ATTACKS = ("bf16-as-fp32", "fingerprint-other-precision")  # lower precision claimed as fp32
 
 
-def attacks_for(dtype: str) -> tuple[str, ...]:
-    """Return the attacks that are cheating for a claimed precision (running bf16 is no lie when bf16 is claimed)."""
-    return ATTACKS if dtype == "float32" else tuple(a for a in ATTACKS if a not in PRECISION_ATTACKS)
+def attacks_for(dtype: str, other: str = "gemma", tiny: bool = True) -> tuple[str, ...]:
+    """Return the attacks that are cheating for a claimed precision and that this lab can mount.
+
+    Running bf16 is no lie when bf16 is claimed; `other` is the family of the other real model
+    (its attacks are left out without one); `tiny` whether the tiny random model speaks the claimed
+    model's vocabulary.
+    """
+    out = []
+    for template in ATTACK_TEMPLATES:
+        if (dtype != "float32" and template in PRECISION_ATTACKS) or (template == "other-model-tiny" and not tiny) \
+                or ("{other}" in template and not other):
+            continue
+        out.append(template.format(other=other))
+    return tuple(out)
+
+
+ATTACKS = attacks_for("float32")  # every attack, with SmolLM2's other real model (Gemma)
 
 
 # ---- the validator -----------------------------------------------------------------------------

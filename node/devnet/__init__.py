@@ -46,8 +46,8 @@ def run_devnet(options: DevnetOptions, console: Console) -> int:
     configure_logging(path=out / "devnet.log")
     state = NetworkState(options)
     devnet = Devnet(options, state)
-    console.print(f"verinfer devnet: {len(OPERATOR_KINDS)} operators, {options.validators} validators, "
-                  f"{options.rounds} rounds of {options.tokens} tokens; logs and results in {out}/")
+    console.print(f"verinfer devnet: {options.model}, {len(OPERATOR_KINDS)} operators, {options.validators} "
+                  f"validators, {options.rounds} rounds of {options.tokens} tokens; logs and results in {out}/")
     try:
         with Live(get_renderable=lambda: render_state(state, events=console.is_terminal), console=console,
                   refresh_per_second=2):

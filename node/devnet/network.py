@@ -418,7 +418,10 @@ class Devnet:
         """Send `rounds` requests to every operator that is not jailed: pay on chain, then call its API."""
         from openai import AsyncOpenAI
 
+        from node.engines.models import get_model_spec
+
         assert self.hub is not None
+        chat = get_model_spec(self.options.model).chat
         hub, opts, requester = self.hub, self.options, dev_account(REQUESTER)
         clients = {op.kind: AsyncOpenAI(base_url=f"{op.url}/v1", api_key="devnet", max_retries=0, timeout=300)
                    for op in self.operators}
@@ -432,29 +435,36 @@ class Devnet:
                     continue
                 prompt = prompts[(7 * n + 3) % len(prompts)]
                 n += 1
-                messages = normalise_messages([{"role": "user", "content": prompt}])
+                # a chat model gets the prompt as a user message, a base model as completion text
+                messages = normalise_messages([{"role": "user", "content": prompt}]) if chat else None
                 seed = 1_000 * round_ + FIRST_OPERATOR + self.operators.index(op)
                 try:
                     iid = await asyncio.to_thread(
                         hub.request_inference, requester, op.account.address, self.model_id,
-                        compute_prompt_hash(self.model_id, messages=messages), seed,
+                        compute_prompt_hash(self.model_id, messages=messages, prompt=None if chat else prompt), seed,
                         Params(params.temperature_bits, params.top_p_bits, 0, opts.tokens), opts.fee_wei)
                 except ChainError as exc:  # e.g. jailed between the check and the request
                     self.note(f"request to {op.kind} refused by the contract: {exc}")
                     continue
                 record = InferenceRecord(iid, op.kind, round_, prompt, temperature, top_p, time.monotonic())
                 self.state.inferences.append(record)
-                chats.append(asyncio.create_task(self._chat(clients[op.kind], record, messages, seed)))
+                chats.append(asyncio.create_task(self._ask(clients[op.kind], record, messages, seed)))
             await asyncio.gather(*chats)  # a stream at the operators' pace: answers before the next round
         for client in clients.values():
             await client.close()
 
-    async def _chat(self, client: Any, record: InferenceRecord, messages: list[dict[str, str]], seed: int) -> None:
+    async def _ask(self, client: Any, record: InferenceRecord, messages: list[dict[str, str]] | None,
+                   seed: int) -> None:
+        """Call the operator's chat API with the messages, or its completions API with the prompt if none."""
+        common = {"model": self.options.model, "temperature": record.temperature, "top_p": record.top_p,
+                  "max_tokens": self.options.tokens, "seed": seed, "extra_body": {"inference_id": record.inference_id}}
         try:
-            response = await client.chat.completions.create(
-                model=self.options.model, messages=messages, temperature=record.temperature, top_p=record.top_p,
-                max_tokens=self.options.tokens, seed=seed, extra_body={"inference_id": record.inference_id})
-            record.text = response.choices[0].message.content or ""
+            if messages is not None:
+                response = await client.chat.completions.create(messages=messages, **common)
+                record.text = response.choices[0].message.content or ""
+            else:
+                completion = await client.completions.create(prompt=record.prompt, **common)
+                record.text = completion.choices[0].text or ""
             record.answered_at = time.monotonic()
         except Exception as exc:  # the API answered with an error (e.g. the commit was refused): record it
             record.error = f"{type(exc).__name__}: {exc}"[:300]

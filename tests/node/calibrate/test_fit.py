@@ -239,3 +239,28 @@ def test_fresh_runs_are_all_counted_and_never_change_the_thresholds(tmp_path):
     plain, _ = write_report(calibration + held_out, tmp_path / "a", "m", "float32")
     with_fresh, _ = write_report(calibration + held_out, tmp_path / "b", "m", "float32", fresh=fresh)
     assert plain == with_fresh and "fresh honest runs" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_campaign_notes_become_a_report_section_and_change_no_threshold(tmp_path):
+    from node.calibrate.report import write_report
+
+    runs = [record(k, "honest", "x", weight_error_max=0.001) for k in keys(True, 4, "honest/x") + keys(False, 2,
+                                                                                                            "honest/x")]
+    plain, _ = write_report(runs, tmp_path / "a", "m", "float32")
+    noted, _ = write_report(runs, tmp_path / "b", "m", "float32", notes="No vLLM runs: *not measured*.\n")
+    report = (tmp_path / "b" / "report.md").read_text()
+    assert plain == noted and "## The campaign\n\nNo vLLM runs: *not measured*.\n" in report
+    assert report.index("## The campaign") < report.index("## Thresholds")
+    assert "## The campaign" not in (tmp_path / "a" / "report.md").read_text()
+
+
+def test_the_mantissa_mean_threshold_is_never_below_four_quanta():
+    from node.protocol.fingerprint import TOPK
+
+    clean = [record(k, "honest", "x") for k in keys(True, 4, "honest/x")]  # no mantissa error in any run
+    one_quantum = signals(fingerprint_mantissa_mean_max=1 / TOPK)
+    threshold = choose_thresholds(clean)["fingerprint_mantissa_mean_max"]
+    assert threshold == 4 / TOPK and not first_violation(one_quantum, {"fingerprint_mantissa_mean_max": threshold})
+    noisy = [*clean, record(keys(True, 5, "honest/x")[-1], "honest", "x", fingerprint_mantissa_mean_max=0.5)]
+    assert choose_thresholds(noisy)["fingerprint_mantissa_mean_max"] == 2.0  # above a quantum: four times the largest
+    assert choose_thresholds(clean)["weight_error_max"] == 0.0  # other magnitudes are not quantised

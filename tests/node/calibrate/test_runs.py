@@ -15,7 +15,7 @@ def test_running_bf16_is_no_lie_when_bf16_is_claimed():
 
 @pytest.fixture(scope="module")
 def bf16_lab():
-    return build_lab("tiny-llama", 16, with_gemma=False, dtype="bfloat16")[0]
+    return build_lab("tiny-llama", 16, with_other=False, dtype="bfloat16")[0]
 
 
 def test_a_bf16_lab_generates_in_bf16_and_validates_in_fp32(bf16_lab):
@@ -54,3 +54,29 @@ def test_a_torn_last_record_is_cut_before_appending(tmp_path):
     path.write_text('{"key": "only", "to')
     drop_torn_tail(path)
     assert path.read_text() == ""
+
+
+def test_the_other_model_attacks_name_the_registry_s_other_real_model():
+    from node.calibrate.lab import other_real_model
+    from node.engines.models import get_model_spec
+
+    assert other_real_model(get_model_spec("smollm2-135m-instruct")).name == "gemma-3-270m"
+    assert other_real_model(get_model_spec("smollm2-135m-instruct-bf16")).name == "gemma-3-270m"  # same weights
+    assert other_real_model(get_model_spec("smollm2-moe-4x135m")).name == "gemma-3-270m"  # SmolLM2's own kin
+    assert other_real_model(get_model_spec("gemma-3-270m")).name == "smollm2-135m-instruct"
+    assert other_real_model(get_model_spec("gemma-3-270m"), {"g": get_model_spec("gemma-3-270m")}) is None
+    gemma = attacks_for("float32", "smollm2", tiny=False)
+    assert {"other-model-smollm2", "prefill-smollm2/cheap-tokens", "prefill-smollm2/real-weights"} <= set(gemma)
+    assert not [a for a in gemma if "gemma" in a or "tiny" in a] and len(gemma) == len(ATTACKS) - 1
+    assert not [a for a in attacks_for("float32", "", tiny=True) if "{" in a or "gemma" in a]
+
+
+def test_a_base_model_s_request_is_completion_text():
+    from node.calibrate.runs import encode_prompt
+    from node.engines.models import get_model_spec, materialise_model
+    from node.engines.tokenizer import ModelTokenizer
+
+    tokenizer = ModelTokenizer(materialise_model(get_model_spec("gemma-3-270m")).path, chat=False)
+    assert encode_prompt(tokenizer, "What is 2 + 2?") == tokenizer.encode_text("What is 2 + 2?")
+    injected = encode_prompt(tokenizer, "What is 2 + 2?", system="Be brief.")
+    assert injected == tokenizer.encode_text("Be brief.\n\nWhat is 2 + 2?") != tokenizer.encode_text("What is 2 + 2?")
