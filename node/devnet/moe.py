@@ -331,8 +331,14 @@ def load_limits() -> dict[str, Any]:
 
 def run_moe_devnet(options: MoeDevnetOptions, console: Console) -> int:
     """Run the MoE devnet; return 0 if the cheater was slashed and jailed and the honest operator paid."""
+    import torch
+
+    threads = torch.get_num_threads()  # the devnet runs in this process: leave its thread count as it was
     devnet = MoeDevnet(options, console)
-    problems = devnet.run()
+    try:
+        problems = devnet.run()
+    finally:
+        torch.set_num_threads(threads)
     options.out.mkdir(parents=True, exist_ok=True)
     record = {"options": json.loads(options.model_dump_json()), "inferences": [asdict(r) for r in devnet.records],
               "events": devnet.events, "problems": problems}
