@@ -422,6 +422,31 @@ def send(w3: Web3, account: LocalAccount, fn: Any, value: int = 0, timeout: floa
     return receipt
 
 
+class ModuleClient:
+    """A module beside the hub (its artifact at `ARTIFACT`) at one address, driven by locally held keys."""
+
+    ARTIFACT: Path
+
+    def __init__(self, w3: Web3, address: str) -> None:
+        self.w3 = w3
+        self.address = Web3.to_checksum_address(address)
+        self.contract = w3.eth.contract(address=self.address, abi=load_artifact(self.ARTIFACT)["abi"])
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call a view; reverts raise ContractReverted with the module's error name."""
+        try:
+            return getattr(self.contract.functions, name)(*args).call()
+        except Exception as exc:  # translated below
+            raise translate_module_error(exc, self.ARTIFACT) from exc
+
+    def transact(self, account: LocalAccount, name: str, *args: Any) -> TxReceipt:
+        """Sign and send a transaction and wait for its receipt."""
+        try:
+            return send(self.w3, account, getattr(self.contract.functions, name)(*args))
+        except Exception as exc:  # translated below
+            raise translate_module_error(exc, self.ARTIFACT) from exc
+
+
 def translate_module_error(exc: BaseException, path: Path) -> ChainError:
     """Return translate_error's error, with a revert the hub's table does not know named from `path`'s ABI."""
     err = translate_error(exc)

@@ -24,7 +24,7 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, load_artifact, send, translate_module_error
+from chain.contracts import Hub, ModuleClient, load_artifact, send, translate_module_error
 from chain.errors import ChainError
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "ExpertDuty.json"
@@ -121,27 +121,10 @@ def sign_expert_vote(account: LocalAccount, chain_id: int, contract: str, infere
     return ExpertVote(duty, valid, reason, scores_digest, signature)
 
 
-class ExpertDutyClient:
+class ExpertDutyClient(ModuleClient):
     """The ExpertDuty module at one address, driven by locally held keys."""
 
-    def __init__(self, w3: Web3, address: str) -> None:
-        self.w3 = w3
-        self.address = Web3.to_checksum_address(address)
-        self.contract = w3.eth.contract(address=self.address, abi=load_artifact(ARTIFACT)["abi"])
-
-    def call(self, name: str, *args: Any) -> Any:
-        """Call a view; reverts raise ContractReverted with the module's error name."""
-        try:
-            return getattr(self.contract.functions, name)(*args).call()
-        except Exception as exc:  # translated below
-            raise _translate(exc) from exc
-
-    def transact(self, account: LocalAccount, name: str, *args: Any) -> TxReceipt:
-        """Sign and send a transaction and wait for its receipt."""
-        try:
-            return send(self.w3, account, getattr(self.contract.functions, name)(*args))
-        except Exception as exc:  # translated below
-            raise _translate(exc) from exc
+    ARTIFACT = ARTIFACT
 
     def set_shape(self, account: LocalAccount, model_id: bytes, layers: int, experts: int) -> TxReceipt:
         """Set an MoE model's shape (`account` must be a hub governor; once per model)."""

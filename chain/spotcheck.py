@@ -20,7 +20,7 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, load_artifact, send, translate_module_error
+from chain.contracts import Hub, ModuleClient, load_artifact, send, translate_module_error
 from chain.errors import ChainError
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "SpotCheck.json"
@@ -93,27 +93,10 @@ def sign_window_vote(account: LocalAccount, chain_id: int, contract: str, operat
     return WindowVote(valid, reason, measurement_root, policy_digest, signature)
 
 
-class SpotCheckClient:
+class SpotCheckClient(ModuleClient):
     """The SpotCheck module at one address, driven by locally held keys."""
 
-    def __init__(self, w3: Web3, address: str) -> None:
-        self.w3 = w3
-        self.address = Web3.to_checksum_address(address)
-        self.contract = w3.eth.contract(address=self.address, abi=load_artifact(ARTIFACT)["abi"])
-
-    def call(self, name: str, *args: Any) -> Any:
-        """Call a view; reverts raise ContractReverted with the module's error name."""
-        try:
-            return getattr(self.contract.functions, name)(*args).call()
-        except Exception as exc:  # translated below
-            raise _translate(exc) from exc
-
-    def transact(self, account: LocalAccount, name: str, *args: Any) -> TxReceipt:
-        """Sign and send a transaction and wait for its receipt."""
-        try:
-            return send(self.w3, account, getattr(self.contract.functions, name)(*args))
-        except Exception as exc:  # translated below
-            raise _translate(exc) from exc
+    ARTIFACT = ARTIFACT
 
     def open_run(self, run_id: bytes, account: LocalAccount) -> TxReceipt:
         """Open a spot-check run for `account`, a bonded hub operator."""
