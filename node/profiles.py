@@ -37,7 +37,24 @@ class FingerprintSection(BaseModel):
     max_sign_mismatches: int
 
 
-class Stage2Section(BaseModel):
+class ThresholdSection(BaseModel):
+    """A section of thresholds with per-length overrides of its own thresholds (min positions → overrides)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by_length: dict[int, dict[str, float]] = Field(default_factory=dict)
+
+    @field_validator("by_length")
+    @classmethod
+    def _known_fields(cls, value: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """Check that every per-length override names a threshold of this section."""
+        unknown = {k for overrides in value.values() for k in overrides} - set(cls.model_fields) - {"by_length"}
+        if unknown or any(n < 1 for n in value):
+            raise ValueError(f"by_length: unknown thresholds {sorted(unknown)} or a length below 1")
+        return value
+
+
+class Stage2Section(ThresholdSection):
     """Stage-2 thresholds as written by the calibration."""
 
     model_config = ConfigDict(extra="forbid")
@@ -53,16 +70,6 @@ class Stage2Section(BaseModel):
     max_kept_mass_shift: float = float("inf")
     max_kept_mass_score: float = float("inf")
     max_kept_mass_t: float = float("inf")
-    by_length: dict[int, dict[str, float]] = Field(default_factory=dict)  # min positions → pooled overrides
-
-    @field_validator("by_length")
-    @classmethod
-    def _known_fields(cls, value: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
-        """Check that every per-length override names a threshold of this section."""
-        unknown = {k for overrides in value.values() for k in overrides} - set(cls.model_fields) - {"by_length"}
-        if unknown or any(n < 1 for n in value):
-            raise ValueError(f"by_length: unknown thresholds {sorted(unknown)} or a length below 1")
-        return value
 
 
 class ProjectionSection(BaseModel):
@@ -82,7 +89,7 @@ class ProjectionSection(BaseModel):
         return value
 
 
-class StockSection(BaseModel):
+class StockSection(ThresholdSection):
     """Stock-sampler thresholds (a model registered with sampler = "vllm-seeded"): scripts/calibrate_stock.py."""
 
     model_config = ConfigDict(extra="forbid")
@@ -90,16 +97,6 @@ class StockSection(BaseModel):
     max_difr_mean: float
     max_difr_max: float
     max_surprisal_z_abs: float
-    by_length: dict[int, dict[str, float]] = Field(default_factory=dict)  # min positions → overrides
-
-    @field_validator("by_length")
-    @classmethod
-    def _known_fields(cls, value: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
-        """Check that every per-length override names a threshold of this section."""
-        unknown = {k for overrides in value.values() for k in overrides} - set(cls.model_fields) - {"by_length"}
-        if unknown or any(n < 1 for n in value):
-            raise ValueError(f"by_length: unknown thresholds {sorted(unknown)} or a length below 1")
-        return value
 
 
 class ModelProfile(BaseModel):
