@@ -2,10 +2,10 @@
 
 Every number is a receipt's gasUsed (21,000 intrinsic gas included). Storage makes the first write
 of a slot dearer than later ones (20k vs 2.9k), so calls whose cost depends on it are measured
-twice: "first" (the deployment's first inference: its first credit ever also opens the contract-wide
-`totalCredits` slot, once per deployment) and "steady" (the accounts already hold credits, the common
-case for a running operator or validator); "new accounts" is a newly bonded operator and validator on a
-running deployment (their credit slots were opened at their bonds, so the verdict writes none).
+twice: "first" (the deployment's first inference: the accounts' first credits; every credit slot and the
+contract-wide credit total are opened — set to 1 — at deployment, bond or request, so a verdict writes no
+fresh slot) and "steady" (the accounts already hold credits, the common case for a running operator or
+validator); "new accounts" is a newly bonded operator and validator on a running deployment.
 Usage: python scripts/bench_gas.py [--tokens 256] [--out FILE]
 """
 
