@@ -5,12 +5,12 @@
 Per model shape, one worker's step (forward + backward on its mini-batch, the SGD update) is timed
 in-process with one thread, as the job's workers run, in CPU seconds of this process (--clock wall
 for wall-clock: on a shared machine other load moves wall-clock timings by 2x), at each --batches
-size. The prover's additions are timed alone: the batch commitment, the gradient sketches (its
-replica's and the all-reduced one) with a precomputed plan (A/B against the plan's former int32
-buckets), the ledger entry (named positions, seal, EIP-712 signature, LevelDB write) and the shadow's
-cost to the workers (a gloo all-reduce among N+1 instead of N processes, wall-clock). The auditor's
-recompute of one step (N replicas) gives k. Gas comes from anchoring on a real anvil. Prints a table
-and writes bench-results/training-bench.json.
+size. The prover's additions are timed alone: the batch commitment, the gradient sketch (its replica's;
+the all-reduced one is the replicas' mean) of the spec's kind with a precomputed plan (A/B: the
+count sketch before, the block-sign sketch now), the ledger entry (named positions, seal, EIP-712
+signature, LevelDB write) and the shadow's cost to the workers (a gloo all-reduce among N+1 instead of N
+processes, wall-clock). The auditor's recompute of one step (N replicas) gives k. Gas comes from
+anchoring on a real anvil. Prints a table and writes bench-results/training-bench.json.
 """
 
 from __future__ import annotations
@@ -37,12 +37,10 @@ from transformers import LlamaForCausalLM
 from node.protocol.hashing import keccak256
 from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
 from node.protocol.lsh import (
-    CHUNK,
-    ProjectionPlan,
     compute_named_positions,
-    compute_projection_plan,
-    compute_projection_with_plan,
     compute_quantisation,
+    compute_sketch_plan,
+    compute_sketch_with_plan,
 )
 from node.training.corpus import get_batch_ids, load_corpus
 from node.training.ledger_store import LedgerStore, sign_head
@@ -136,13 +134,13 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
     _, grad = compute_local_gradient(model, windows)
     t_commit = timed(lambda: compute_batch_root(ids, windows.tolist()), repeats)
     t0 = time.perf_counter()
-    plan = compute_projection_plan(spec.lsh_seed(), n, spec.lsh_dim)
+    plan = compute_sketch_plan(spec.lsh_kind, spec.lsh_seed(), n, spec.lsh_dim)
     t_plan = time.perf_counter() - t0
+    before = compute_sketch_plan("count-sketch", spec.lsh_seed(), n, spec.lsh_dim)  # the kind before (A of A/B)
     # each worker sketches its own gradient (in parallel); the all-reduced sketch is their mean (linearity)
-    buckets32 = plan.buckets.astype(np.int32)  # the plan's bucket type before
     t_lsh_before, t_lsh = timed_pair(
-        lambda: compute_quantisation(_sketch_before(plan, buckets32, grad.numpy()), spec.lsh_scale),
-        lambda: compute_quantisation(compute_projection_with_plan(plan, grad.numpy()), spec.lsh_scale), repeats)
+        lambda: compute_quantisation(compute_sketch_with_plan(before, grad.numpy()), spec.lsh_scale),
+        lambda: compute_quantisation(compute_sketch_with_plan(plan, grad.numpy()), spec.lsh_scale), repeats)
     t_ledger = bench_ledger(spec, state, repeats)
     positions = compute_named_positions(b"b" * 32, 1, 2 * n, spec.named_positions)
     t_named_before, t_named = timed_pair(lambda: state.vector()[positions], lambda: get_named_values(state, positions),
@@ -154,8 +152,9 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
     replica_windows = [samples[get_batch_ids(spec, len(samples), 1, r)] for r in range(spec.workers)]
     set_params_vector(model, state.params)
     t_recompute = timed(lambda: compute_replay(spec, state, replica_windows, 1), max(1, repeats // 2))
-    # before: the ledger (with Z built for the named values) on rank 0's critical path;
-    # after: the named values gathered without Z, the ledger's CPU time in a background thread (still spent)
+    # before: the count sketch, the ledger (with Z built for the named values) on rank 0's critical path;
+    # after: the block-sign sketch, the named values gathered without Z, the ledger's CPU time in a
+    # background thread (still spent)
     overhead_before = t_commit + t_lsh_before + t_ledger + (t_named_before - t_named) + t_shadow
     overhead = t_commit + t_lsh + t_ledger + t_shadow
     critical = t_commit + t_lsh + t_shadow
@@ -173,18 +172,6 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
             "lsh_ns_per_param": 1e9 * t_lsh / n, "lsh_before_s": t_lsh_before,
             "by_batch": [bench_batch(spec, model, samples, b, repeats, t_lsh + t_ledger + t_shadow, t_ar2)
                          for b in batches]}
-
-
-def _sketch_before(plan: ProjectionPlan, buckets32: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The sketch as computed before (int32 buckets widened by bincount, values cast each call): the A of A/B."""
-    flat = x.reshape(-1)
-    np.isfinite(flat).all()
-    out = np.zeros(plan.dim)
-    for start in range(0, plan.n, CHUNK):
-        stop = min(start + CHUNK, plan.n)
-        values = flat[start:stop].astype(np.float64) * plan.signs[start:stop]
-        out += np.bincount(buckets32[start:stop], weights=values, minlength=plan.dim)
-    return out
 
 
 def bench_batch(spec: RunSpec, model: LlamaForCausalLM, samples: np.ndarray, batch: int, repeats: int,
@@ -273,12 +260,12 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
     results = [bench_shape(s, SHAPES[s], args.repeats, batches) for s in args.shapes.split(",")]
     gas = bench_gas([1, 5, 20, 100]) if args.gas else []
-    table = Table("shape", "params", "step s", "commit s", "lsh s", "ledger s", "named gather s (before)",
+    table = Table("shape", "params", "step s", "commit s", "lsh s (before)", "ledger s", "named gather s (before)",
                   "shadow s", "overhead before", "overhead after (CPU)", "after (critical path)", "recompute s", "k",
                   "tokens for 5 %")
     for r in results:
         table.add_row(r["shape"], f"{r['params']:,}", f"{r['step_wall_s']:.3f}", f"{r['commit_s']:.4f}",
-                      f"{r['lsh_s']:.4f}", f"{r['ledger_s']:.4f}",
+                      f"{r['lsh_s']:.4f} ({r['lsh_before_s']:.4f})", f"{r['ledger_s']:.4f}",
                       f"{r['named_gather_s']:.5f} ({r['named_gather_before_s']:.5f})", f"{r['shadow_s']:.4f}",
                       f"{100 * r['overhead_before_ratio']:.1f} %", f"{100 * r['overhead_ratio']:.1f} %",
                       f"{100 * r['critical_path_overhead_ratio']:.1f} %", f"{r['recompute_s']:.3f}", f"{r['k']:.2f}",

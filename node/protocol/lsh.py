@@ -1,13 +1,24 @@
 """Seeded random down-projections (gradient LSH) and the audit-rate maths of training verification.
 
-The projection is a count sketch: entry i of the flat input goes to bucket b(i) ∈ [0, dim) with sign
-s(i) ∈ {−1, +1}, and y[b] = Σ_{b(i)=b} s(i)·x[i]. It is linear (the sketch of an all-reduced mean is
-the mean of the replicas' sketches), O(n) in time and streams in fixed chunks, so a 1e8-entry gradient
-never needs a dense dim × n matrix. The buckets and signs are counter-based: chunk c of CHUNK entries
-draws them from a numpy PCG64 generator seeded with sha256(seed ‖ uint64(c)), so any chunk can be
-recomputed alone and the result does not depend on how a caller splits its work. Accumulation is in
-float64, chunk by chunk in index order, so one input gives bit-identical sketches on every machine
-that runs the same numpy.
+Two sketch kinds, both linear (the sketch of an all-reduced mean is the mean of the replicas' sketches):
+
+count-sketch  entry i of the flat input goes to bucket b(i) ∈ [0, dim) with sign s(i) ∈ {−1, +1}, and
+              y[b] = Σ_{b(i)=b} s(i)·x[i]. The buckets and signs are counter-based: chunk c of CHUNK entries
+              draws them from a numpy PCG64 generator seeded with sha256(seed ‖ uint64(c)), so any chunk can
+              be recomputed alone. Accumulation is in float64, chunk by chunk in index order.
+block-sign    the flat input is read as rows of dim entries (the last row zero-padded); row r has a sign
+              s(r) and column j a sign c(j), and y[j] = c(j) · Σ_r s(r)·x[r·dim + j]: a count sketch whose
+              bucket is i mod dim, with the sign s(i // dim)·c(i mod dim). Row signs come in chunks of CHUNK
+              rows from PCG64(sha256(seed ‖ "rows" ‖ uint64(c))), column signs from PCG64(sha256(seed ‖
+              "cols")). Rows are summed in blocks of max(1, CHUNK // dim) rows, each block in row order in the
+              input's float dtype, the block sums added in float64 in block order. It streams the input once
+              (4 bytes per float32 entry, no per-entry plan), ≈ 7× faster than the count sketch at 135 M
+              entries (issue 17). Its collisions are structured (fixed columns), but the prover knows either
+              kind's seed for the whole run, so neither hides anything from it: the sketch compresses the
+              gradient for a tolerance comparison; the audit's re-execution is the check.
+
+One input gives bit-identical sketches on every machine that runs the same numpy (tested against the
+definitions written out as loops).
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ import numpy as np
 
 from node.protocol.errors import InvalidParams, Reason
 
-CHUNK = 1 << 20  # entries per counter-seeded chunk: a protocol constant (changing it changes every sketch)
+CHUNK = 1 << 20  # entries (rows, for block-sign) per counter-seeded chunk: a protocol constant
+SKETCH_KINDS = ("count-sketch", "block-sign")
 MAX_DIM = 1 << 24
 INT32_MAX = (1 << 31) - 1
 
@@ -107,6 +119,86 @@ def compute_projection(x: np.ndarray, seed: bytes, dim: int) -> np.ndarray:
         buckets, signs = compute_chunk_plan(seed, c, stop - start, dim)
         out += np.bincount(buckets, weights=flat[start:stop].astype(np.float64) * signs, minlength=dim)
     return out
+
+
+@dataclass(frozen=True)
+class BlockSignPlan:
+    """Row and column signs of the block-sign sketch of an n-entry input: ≈ 4n/dim bytes."""
+
+    seed: bytes
+    n: int
+    dim: int
+    row_signs: np.ndarray  # float32 ±1 per row of dim entries (the last one padded)
+    col_signs: np.ndarray  # float64 ±1 per column
+
+
+def compute_block_sign_plan(seed: bytes, n: int, dim: int) -> BlockSignPlan:
+    """Return the block-sign plan of an n-entry input (rows of dim ≥ 2 entries)."""
+    _check_args(n, seed, dim)
+    if dim < 2:  # one column would make the row axis numpy's inner loop, summed pairwise instead of in order
+        raise InvalidParams("a block-sign sketch needs dim ≥ 2", Reason.OUT_OF_RANGE)
+    rows = -(-n // dim)
+    row_signs = np.empty(rows, dtype=np.float32)
+    for c, start in enumerate(range(0, rows, CHUNK)):
+        stop = min(start + CHUNK, rows)
+        bits = get_chunk_generator(seed + b"rows", c).integers(0, 2, size=stop - start, dtype=np.uint8)
+        row_signs[start:stop] = bits.astype(np.float32) * 2.0 - 1.0
+    bits = get_chunk_generator(seed + b"cols", 0).integers(0, 2, size=dim, dtype=np.uint8)
+    return BlockSignPlan(seed=seed, n=n, dim=dim, row_signs=row_signs, col_signs=bits.astype(np.float64) * 2.0 - 1.0)
+
+
+def compute_block_sign_projection(plan: BlockSignPlan, x: np.ndarray) -> np.ndarray:
+    """Return the float64 block-sign sketch of x (flattened) with its plan."""
+    flat = np.asarray(x).reshape(-1)
+    if flat.dtype.kind != "f":
+        raise InvalidParams(f"projection input of dtype {flat.dtype}; a float array is needed", Reason.OUT_OF_RANGE)
+    if flat.size != plan.n:
+        raise InvalidParams(f"input of {flat.size} entries for a plan of {plan.n}", Reason.OUT_OF_RANGE)
+    dim, full = plan.dim, plan.n // plan.dim
+    block = max(1, CHUNK // dim)
+    grid = flat[: full * dim].reshape(full, dim)
+    signs = plan.row_signs.astype(flat.dtype, copy=False)[:, None]
+    buffer = np.empty((min(block, full + 1), dim), dtype=flat.dtype)
+    out = np.zeros(dim, dtype=np.float64)
+    for start in range(0, full + (plan.n % dim > 0), block):
+        stop = min(start + block, full)
+        part = buffer[: stop - start]
+        np.multiply(grid[start:stop], signs[start:stop], out=part)
+        if stop - start < block and plan.n % dim:  # the last block holds the zero-padded last row
+            part = buffer[: stop - start + 1]
+            part[-1] = 0.0
+            part[-1, : plan.n % dim] = flat[full * dim:] * signs[full]
+        out += part.sum(axis=0)
+    out *= plan.col_signs
+    if not np.isfinite(out).all():  # NaN or ±inf anywhere in x reaches its column's sum
+        raise InvalidParams("projection input holds NaN or infinity", Reason.NON_FINITE_HIDDEN)
+    return out
+
+
+SketchPlan = ProjectionPlan | BlockSignPlan
+
+
+def compute_sketch_plan(kind: str, seed: bytes, n: int, dim: int) -> SketchPlan:
+    """Return the reusable plan of one sketch kind for an n-entry input."""
+    if kind == "count-sketch":
+        return compute_projection_plan(seed, n, dim)
+    if kind == "block-sign":
+        return compute_block_sign_plan(seed, n, dim)
+    raise InvalidParams(f"unknown sketch kind {kind!r}; known: {', '.join(SKETCH_KINDS)}", Reason.OUT_OF_RANGE)
+
+
+def compute_sketch_with_plan(plan: SketchPlan, x: np.ndarray) -> np.ndarray:
+    """Return the float64 sketch of x with a plan of either kind."""
+    if isinstance(plan, BlockSignPlan):
+        return compute_block_sign_projection(plan, x)
+    return compute_projection_with_plan(plan, x)
+
+
+def compute_sketch(kind: str, x: np.ndarray, seed: bytes, dim: int) -> np.ndarray:
+    """Return the float64 sketch of one kind of x (flattened), seeded by seed."""
+    if kind == "count-sketch":
+        return compute_projection(x, seed, dim)
+    return compute_sketch_with_plan(compute_sketch_plan(kind, seed, np.asarray(x).size, dim), x)
 
 
 def compute_quantisation(sketch: np.ndarray, scale: float) -> np.ndarray:

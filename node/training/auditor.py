@@ -29,8 +29,8 @@ from node.protocol.ledger import (
 )
 from node.protocol.lsh import (
     compute_named_positions,
-    compute_projection,
     compute_quantisation,
+    compute_sketch,
     compute_sketch_distance,
 )
 from node.training.corpus import Corpus, get_batch_ids
@@ -180,7 +180,7 @@ def compute_audit_measurement(spec: RunSpec, prev: TrainState, windows: list[np.
     positions = np.asarray(entry.positions, dtype=np.int64)
     named = compute_relative_error(z_new[positions], np.asarray(entry.values, dtype=np.float64), z_prev[positions])
     seed = spec.lsh_seed()
-    sketches = [compute_projection(grad.numpy(), seed, spec.lsh_dim) for grad in replay.replica_grads]
+    sketches = [compute_sketch(spec.lsh_kind, grad.numpy(), seed, spec.lsh_dim) for grad in replay.replica_grads]
     worst_replica = 0.0
     for sketch, claimed in zip(sketches, entry.replica_lsh, strict=True):
         mine = compute_quantisation(sketch, spec.lsh_scale)

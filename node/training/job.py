@@ -41,9 +41,9 @@ from node.protocol.ledger import (
 )
 from node.protocol.lsh import (
     compute_named_positions,
-    compute_projection_plan,
-    compute_projection_with_plan,
     compute_quantisation,
+    compute_sketch_plan,
+    compute_sketch_with_plan,
     is_audited,
 )
 from node.training.corpus import get_batch_ids, load_corpus
@@ -207,7 +207,7 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
     model = build_model(spec)
     state = _initial_state(plan, model)
     set_params_vector(model, state.params)
-    lsh_plan = compute_projection_plan(spec.lsh_seed(), state.params.numel(), spec.lsh_dim)
+    lsh_plan = compute_sketch_plan(spec.lsh_kind, spec.lsh_seed(), state.params.numel(), spec.lsh_dim)
     writer = _LedgerWriter(plan) if rank == 0 else None
     beacon = _share_beacon(plan, writer, 0)
     if writer is not None:
@@ -219,7 +219,7 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
         ids = get_batch_ids(spec, len(corpus.samples), step, rank)
         declared = corpus.samples[ids]
         loss, grad = compute_local_gradient(model, _cheat_windows(plan, rank, step, ids, declared))
-        sketch = compute_projection_with_plan(lsh_plan, grad.numpy())  # one sketch per worker, in parallel
+        sketch = compute_sketch_with_plan(lsh_plan, grad.numpy())  # one sketch per worker, in parallel
         replica_lsh = compute_quantisation(sketch, spec.lsh_scale)
         root = compute_batch_root(ids, declared.tolist())
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)

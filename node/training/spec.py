@@ -48,7 +48,8 @@ class RunSpec(BaseModel):
     warmup_steps: int = Field(3, ge=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     lsh_nonce: str = Field("00" * 32, pattern=r"^[0-9a-f]{64}$")  # the verifier's fresh nonce for this run
-    lsh_dim: int = Field(256, gt=0)
+    lsh_kind: Literal["count-sketch", "block-sign"] = "block-sign"  # node.protocol.lsh's sketch kinds
+    lsh_dim: int = Field(256, gt=1)
     lsh_scale: float = Field(1e5, gt=0)
     named_positions: int = Field(1024, gt=0)
     keep_checkpoints: int = Field(10, ge=2)  # K, the shadow's rolling buffer

@@ -6,6 +6,7 @@ import pytest
 from node.errors import InvalidParams
 from node.protocol.lsh import (
     CHUNK,
+    compute_block_sign_plan,
     compute_catch_probability,
     compute_named_positions,
     compute_optimal_audit_rate,
@@ -13,7 +14,10 @@ from node.protocol.lsh import (
     compute_projection_plan,
     compute_projection_with_plan,
     compute_quantised_projection,
+    compute_sketch,
     compute_sketch_distance,
+    compute_sketch_plan,
+    compute_sketch_with_plan,
     is_audited,
 )
 
@@ -145,3 +149,81 @@ def test_completed_audits_of_a_run_without_draws_is_empty():
     from node.protocol.lsh import compute_completed_audits
 
     assert compute_completed_audits([], 2) == [] and compute_completed_audits([False, False], 0) == []
+
+
+# --- block-sign sketch ------------------------------------------------------------------------------
+
+
+def block_sign_by_definition(x: np.ndarray, seed: bytes, dim: int) -> np.ndarray:
+    """The block-sign sketch written out: rows of dim (last padded), block sums in row order, float64 totals."""
+    flat = x.reshape(-1)
+    plan = compute_block_sign_plan(seed, flat.size, dim)
+    rows = -(-flat.size // dim)
+    padded = np.zeros(rows * dim, dtype=flat.dtype)
+    padded[: flat.size] = flat
+    grid = padded.reshape(rows, dim)
+    block = max(1, CHUNK // dim)
+    out = np.zeros(dim, dtype=np.float64)
+    for start in range(0, rows, block):
+        signed = grid[start:start + block] * plan.row_signs[start:start + block, None].astype(flat.dtype)
+        out += np.cumsum(signed, axis=0)[-1]  # cumsum adds in row order by definition
+    return out * plan.col_signs
+
+
+SHAPES = [(1000, 64, np.float32), (5000, 7, np.float64), (3, 16, np.float32), (2 * CHUNK + 37, 2, np.float32),
+          (999, 3, np.float32), (70_000, 4096, np.float32), (3 * CHUNK // 256 * 256 + 5, 256, np.float32)]
+
+
+@pytest.mark.parametrize(("n", "dim", "dtype"), SHAPES)
+def test_block_sign_equals_its_definition_bit_for_bit(n, dim, dtype):
+    x = np.random.default_rng(n).standard_normal(n).astype(dtype)
+    got = compute_sketch("block-sign", x, SEED, dim)
+    assert np.array_equal(got, block_sign_by_definition(x, SEED, dim))
+    plan = compute_block_sign_plan(SEED, n, dim)
+    rows = plan.row_signs.astype(np.float64)
+    signs = np.repeat(rows, dim)[:n] * np.tile(plan.col_signs, len(rows))[:n]
+    exact = np.bincount(np.arange(n) % dim, weights=x.astype(np.float64) * signs, minlength=dim)
+    assert np.allclose(got, exact, rtol=1e-4, atol=1e-3)  # the float64 count sketch with bucket i mod dim
+
+
+def test_block_sign_is_linear_seeded_and_shape_blind():
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal((40, 75)), rng.standard_normal((40, 75))
+    def sketch(v: np.ndarray, seed: bytes = SEED) -> np.ndarray:
+        return compute_sketch("block-sign", v, seed, 32)
+
+    assert np.allclose(sketch(x + 2 * y), sketch(x) + 2 * sketch(y))
+    assert np.array_equal(sketch(x), sketch(x.reshape(-1)))
+    assert not np.array_equal(sketch(x), sketch(x, b"t" * 32))
+    plan = compute_sketch_plan("block-sign", SEED, x.size, 32)
+    assert np.array_equal(compute_sketch_with_plan(plan, x), sketch(x))
+
+
+def test_block_sign_preserves_norm_roughly():
+    x = np.random.default_rng(8).standard_normal(200_000)
+    ratios = [np.linalg.norm(compute_sketch("block-sign", x, bytes([s]) * 32, 256)) / np.linalg.norm(x)
+              for s in range(5)]
+    assert all(0.8 < r < 1.2 for r in ratios)
+
+
+@pytest.mark.parametrize("bad_at", [0, 999, 1003])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_block_sign_refuses_non_finite_input_anywhere(bad, bad_at):
+    x = np.ones(1004, dtype=np.float32)
+    x[bad_at] = bad
+    with pytest.raises(InvalidParams):
+        compute_sketch("block-sign", x, SEED, 16)
+
+
+def test_unknown_kind_and_wrong_length_are_typed():
+    with pytest.raises(InvalidParams):
+        compute_sketch("fourier", np.ones(8), SEED, 4)
+    plan = compute_sketch_plan("block-sign", SEED, 8, 4)
+    with pytest.raises(InvalidParams):
+        compute_sketch_with_plan(plan, np.ones(9))
+    with pytest.raises(InvalidParams):
+        compute_sketch_with_plan(plan, np.ones(8, dtype=np.int64))
+    with pytest.raises(InvalidParams):
+        compute_sketch_plan("block-sign", b"short", 8, 4)
+    with pytest.raises(InvalidParams):  # one column: numpy would sum it pairwise, not in row order
+        compute_sketch_plan("block-sign", SEED, 8, 1)
