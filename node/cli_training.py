@@ -52,14 +52,27 @@ def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, t
 def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration"), help="Scratch folder."),
               steps: int = typer.Option(70, help="Steps per honest variant (3 variants, every step audited)."),
               margin: float = typer.Option(10.0, help="Threshold = margin × honest maximum."),
-              write: bool = typer.Option(False, help="Write node/training/tolerance.json.")) -> None:
+              write: bool = typer.Option(False, help="Write node/training/tolerance.json."),
+              pool: list[Path] = typer.Option([], help="Earlier runs' tolerance files whose honest spread is "
+                                                       "pooled with this run's (each column's largest value).")
+              ) -> None:
     """Measure the honest spread across thread counts, world sizes and reduction orders; set the tolerance."""
     from node.training.auditor import TOLERANCE_FILE
-    from node.training.calibration import compute_tolerance, run_honest_calibration, write_tolerance
+    from node.training.calibration import (
+        compute_pooled_spread,
+        compute_tolerance,
+        load_spread,
+        run_honest_calibration,
+        write_tolerance,
+    )
     from node.training.spec import RunSpec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     spread, per_variant, verdicts = run_honest_calibration(RunSpec(steps=steps, anchor_every=5), work)
+    for i, path in enumerate(pool, start=1):  # honest data of earlier runs (another day, another load) counts too
+        earlier, earlier_variants = load_spread(path)
+        spread = compute_pooled_spread([spread, earlier])
+        per_variant.update({f"pool{i}:{name}": v for name, v in earlier_variants.items()})
     # α of the KS test: 1e-3 (Bonferroni over the matrices) gave 0 of 50 honest inits rejected, 1e-2 gave 1 of 50
     tolerance = compute_tolerance(spread, margin, init_alpha=1e-3)
     table = Table("variant", "steps", "param err", "momentum err", "named err", "lsh err", "replica lsh", "recompute s")

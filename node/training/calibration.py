@@ -138,12 +138,33 @@ def compute_spread(measurements: list[AuditMeasurement]) -> Spread:
                   recompute_s_median=float(np.median(col("recompute_s"))))
 
 
+def compute_pooled_spread(spreads: list[Spread]) -> Spread:
+    """Return the spread of several calibration runs together: each column's largest value, the steps summed."""
+    if not spreads:
+        raise ValueError("no spread to pool")
+    return Spread(n=sum(s.n for s in spreads),
+                  **{f: max(getattr(s, f) for s in spreads) for f in Spread.__dataclass_fields__
+                     if f.endswith("_max")},
+                  recompute_s_median=spreads[0].recompute_s_median)
+
+
+def load_spread(path: Path) -> tuple[Spread, dict[str, Spread]]:
+    """Return the overall and per-variant spread a tolerance file was calibrated from."""
+    data = json.loads(path.read_text())
+    return Spread(**data["spread"]), {k: Spread(**v) for k, v in data["per_variant"].items()}
+
+
 def compute_tolerance(spread: Spread, margin: float, init_alpha: float) -> AuditTolerance:
-    """Return thresholds `margin` × the honest maximum (the LSH one covers replica and all-reduced sketches)."""
-    return AuditTolerance(rel_update_error=margin * max(spread.rel_param_error_max, spread.rel_momentum_error_max),
-                          named_rel_error=margin * spread.named_rel_error_max,
-                          lsh_rel_error=margin * max(spread.lsh_rel_error_max, spread.replica_lsh_rel_error_max),
-                          init_alpha=init_alpha)
+    """Return thresholds `margin` × the honest maximum; the sketch's is never below the update's.
+
+    The sketch is linear in the gradient, so a re-execution whose update is within tolerance can move the
+    sketch by the same relative amount: a sketch spread of 0 (a run whose replicas' gradients happened to
+    reproduce bit for bit) must not make the threshold 0.
+    """
+    update = max(spread.rel_param_error_max, spread.rel_momentum_error_max)
+    sketch = max(spread.lsh_rel_error_max, spread.replica_lsh_rel_error_max, update)
+    return AuditTolerance(rel_update_error=margin * update, named_rel_error=margin * spread.named_rel_error_max,
+                          lsh_rel_error=margin * sketch, init_alpha=init_alpha)
 
 
 def run_honest_calibration(base: RunSpec, work_dir: Path) -> tuple[Spread, dict[str, Spread], list[AuditVerdict]]:

@@ -99,3 +99,30 @@ def test_each_step_is_checked_with_its_own_windows_beacon():
     with pytest.raises(InvalidTraining) as e:
         ctx.get_step_beacon(7)  # window 2 is not anchored yet: its positions cannot be checked
     assert e.value.training_reason == TrainingReason.CHECKPOINT_POSITIONS
+
+
+def test_a_zero_sketch_spread_does_not_make_a_zero_sketch_threshold():
+    from node.training.calibration import Spread, compute_tolerance
+
+    spread = Spread(n=3, rel_param_error_max=2e-6, rel_momentum_error_max=1e-7, named_rel_error_max=1e-6,
+                    lsh_rel_error_max=0.0, replica_lsh_rel_error_max=0.0, recompute_s_median=0.1)
+    tol = compute_tolerance(spread, 10.0, 1e-3)
+    assert tol.lsh_rel_error == tol.rel_update_error == pytest.approx(2e-5)
+    wider = compute_tolerance(Spread(**{**spread.__dict__, "replica_lsh_rel_error_max": 5e-6}), 10.0, 1e-3)
+    assert wider.lsh_rel_error == pytest.approx(5e-5)
+
+
+def test_pooled_spread_takes_each_columns_largest_value(tmp_path):
+    from node.training.calibration import Spread, compute_pooled_spread, load_spread, write_tolerance
+
+    a = Spread(n=10, rel_param_error_max=1e-6, rel_momentum_error_max=0.0, named_rel_error_max=3e-7,
+               lsh_rel_error_max=0.0, replica_lsh_rel_error_max=0.0, recompute_s_median=0.2)
+    b = Spread(n=20, rel_param_error_max=2e-6, rel_momentum_error_max=1e-7, named_rel_error_max=1e-7,
+               lsh_rel_error_max=1e-5, replica_lsh_rel_error_max=2e-6, recompute_s_median=0.9)
+    pooled = compute_pooled_spread([a, b])
+    assert pooled == Spread(n=30, rel_param_error_max=2e-6, rel_momentum_error_max=1e-7, named_rel_error_max=3e-7,
+                            lsh_rel_error_max=1e-5, replica_lsh_rel_error_max=2e-6, recompute_s_median=0.2)
+    from node.training.calibration import compute_tolerance
+
+    write_tolerance(tmp_path / "t.json", compute_tolerance(b, 10.0, 1e-3), b, {"v": b}, 10.0)
+    assert load_spread(tmp_path / "t.json") == (b, {"v": b})

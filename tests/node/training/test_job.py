@@ -64,7 +64,7 @@ def test_the_ledger_is_signed_and_refuses_tampering(honest, tmp_path):
 @pytest.mark.e2e
 def test_every_attack_is_caught_and_the_honest_steps_around_it_pass(tmp_path):
     torch.set_num_threads(1)
-    spec = RunSpec(steps=12, anchor_every=4, response_deadline_s=5.0)
+    spec = RunSpec(steps=12, anchor_every=4, response_deadline_s=7.5)  # the late cheat answers ≥ 8 s after
     stolen = tmp_path / "stolen.npy"
     np.save(stolen, compute_stolen_init(spec, steps=100, lr=0.1, reset_norms=False))
     run_audited_job(spec, tmp_path / "job", cheats=(Cheat("stolen-init", 0), *(c for c, _ in ATTACKS)),
