@@ -439,7 +439,8 @@ def compute_exp(x: np.ndarray) -> np.ndarray:
 def compute_kept_prefix(weights: np.ndarray) -> np.ndarray:
     """Return per row the number of leading non-zero weights (the top-p/top-k kept set when it is within K)."""
     nonzero = np.concatenate([weights != 0, np.zeros((weights.shape[0], 1), dtype=bool)], axis=1)
-    return np.argmin(nonzero, axis=1).astype(np.uint8)
+    kept: np.ndarray = np.argmin(nonzero, axis=1).astype(np.uint8)
+    return kept
 
 
 def compute_weight_predictions(raw_logprobs: np.ndarray, kept: np.ndarray, first_weights: np.ndarray,
@@ -464,6 +465,7 @@ def compute_weight_predictions(raw_logprobs: np.ndarray, kept: np.ndarray, first
     total = q_kept[:, 0]
     for j in range(1, k):  # sequential sums: the same rounding everywhere
         total = total + q_kept[:, j]
+    total = np.maximum(total, 1.0)  # >= q_0 = 1 wherever something is kept; 1 (unused) where nothing is
     whole = np.floor(q_kept * float(WEIGHT_ONE) / total[:, None])
     ratio = np.floor(q * first_weights.astype(np.float64)[:, None])
     ratio[:, 0] = 0.0
@@ -507,8 +509,8 @@ def encode_columns_v3(artifact: Artifact) -> bytes:
     anchored = kept == p.k
     pred = compute_weight_predictions(p.raw_logprobs, kept, p.weights[:, 0], artifact.header.params.temperature)
     residuals = _zigzag(p.weights - pred)
-    return (encode_header(artifact.header) + slots.tobytes() + explicit + kept.tobytes()
-            + p.weights[anchored, 0].astype(">u4").tobytes()
+    anchors: bytes = p.weights[anchored, 0].astype(">u4").tobytes()
+    return (encode_header(artifact.header) + slots.tobytes() + explicit + kept.tobytes() + anchors
             + _planes(p.token_ids, ">u4") + _planes(_logprob_deltas(p.raw_logprobs), ">u4")
             + _planes(_residual_stream(residuals, anchored), ">u4"))
 
