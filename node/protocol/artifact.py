@@ -445,12 +445,10 @@ def compute_kept_prefix(weights: np.ndarray) -> np.ndarray:
 
 def compute_weight_predictions(raw_logprobs: np.ndarray, kept: np.ndarray, first_weights: np.ndarray,
                                temperature: float) -> np.ndarray:
-    """Return wire v3's predicted weights (N, K) from the logprobs, the kept prefixes and the first weights.
-
-    q_j = exp((lp_j − lp_0) / T) ∝ the tempered probability. A row whose kept prefix c < K holds its whole
-    kept set: w_j = ⌊2^32 q_j / Σ_{i<c} q_i⌋ for j < c. A row with c = K may keep more tokens than K (the
-    mass outside is unknown): w_0 is not predicted, w_j = ⌊w_0 q_j⌋. Beyond c the prediction is 0.
-    """
+    """Return wire v3's predicted weights (N, K) from the logprobs, the kept prefixes and the first weights."""
+    # q_j = exp((lp_j − lp_0) / T) ∝ the tempered probability. A row whose kept prefix c < K holds its whole
+    # kept set: ŵ_j = ⌊2^32 q_j / Σ_{i<c} q_i⌋ for j < c. A row with c = K may keep tokens beyond K (the mass
+    # outside is unknown): w_0 is sent as is, ŵ_j = ⌊w_0 q_j⌋. Beyond c the prediction is 0.
     n, k = raw_logprobs.shape
     lp = raw_logprobs.astype(np.float64)
     x = np.full((n, k), _EXP_FLOOR)
