@@ -129,9 +129,12 @@ def rows_payload(d: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     for r in d["results"]:
         t, goal = r["per_token"], d["goal_bytes_per_token_256"] if r["tokens"] == 256 else None
-        out.append((f"payload bytes/token, {r['tokens']} tokens (raw / wire v1 / wire v2)",
-                    f"{t['raw']:.1f} / {t['wire_v1']:.1f} / {t['wire_v2']:.1f}", f"≤ {goal}" if goal else "-",
-                    _goal(t["wire_v2"], goal, higher_is_better=False) if goal else "-"))
+        versions = [v for v in ("wire_v1", "wire_v2", "wire_v3") if v in t]  # v3 from issue 21 on
+        best = min(t[v] for v in versions)
+        names = " / ".join(v.replace("_", " ") for v in versions)
+        out.append((f"payload bytes/token, {r['tokens']} tokens (raw / {names})",
+                    " / ".join(f"{x:.1f}" for x in [t["raw"], *(t[v] for v in versions)]),
+                    f"≤ {goal}" if goal else "-", _goal(best, goal, higher_is_better=False) if goal else "-"))
     return out
 
 

@@ -6,9 +6,10 @@ and the TOPLOC fingerprint, and reports, per generated token (header and prompt 
   raw           header + leaves + fingerprint chunks, uncompressed
   wire v1       the v1 artifact frame (zstd level 3 of header ‖ leaves) + fingerprint chunks
   wire v2       the v2 artifact frame (columns, zstd level 19) + fingerprint chunks
+  wire v3       the v3 artifact frame (columns, weights predicted from the logprobs, zstd 19) + fingerprint chunks
 The fingerprint chunks (258 bytes per 32 tokens, polynomial coefficients) do not compress: they are
 counted raw. Beside TOPLOC (kind 0) the table shows the projection fingerprint (kind 1, protocol v2) in
-the configurations of PROJECTIONS: its blob raw and zstd-19, and the whole payload with it (wire v2).
+the configurations of PROJECTIONS: its blob raw and zstd-19, and the whole payload with it (wire v2, v3).
 The JSON payload of the HTTP/libp2p exchange base64-encodes both (+33 %); the binary sizes are the floor
 the table holds to (goal: ≤ 48 B/token at 256 tokens, compressed).
 Usage: python scripts/bench_payload.py [--tokens 64 256 4096] [--out FILE]
@@ -70,10 +71,14 @@ def measure(engine: TransformersEngine, model_id: bytes, prompt: tuple[int, ...]
     art = Artifact(header, positions_from_samples(gen.samples, 5))
     fingerprint = sum(len(c) for c in build_fingerprint(gen.hidden, len(prompt)))
     started = time.perf_counter()
-    v2 = len(encode_artifact_wire(art))
+    v2 = len(encode_artifact_wire(art, version=2))
     encode_v2_ms = (time.perf_counter() - started) * 1e3
+    started = time.perf_counter()
+    v3 = len(encode_artifact_wire(art, version=3))
+    encode_v3_ms = (time.perf_counter() - started) * 1e3
     sizes = {"header": len(encode_header(header)), "leaves": len(encode_leaves(art.positions)),
-             "fingerprint": fingerprint, "wire_v1": len(encode_artifact_wire(art, version=1)), "wire_v2": v2}
+             "fingerprint": fingerprint, "wire_v1": len(encode_artifact_wire(art, version=1)), "wire_v2": v2,
+             "wire_v3": v3}
     seed = compute_projection_seed(request.run_seed, bytes(32))
     projections = {}
     for name, spec in PROJECTIONS.items():
@@ -81,12 +86,14 @@ def measure(engine: TransformersEngine, model_id: bytes, prompt: tuple[int, ...]
         sources = [gen.hidden if s == LAST_HIDDEN else layers[RECORDED.index(s)] for s in spec.layers]
         blob = build_projection_blob([rows[len(prompt) - 1:] for rows in sources], spec, seed)
         packed = len(zstandard.ZstdCompressor(level=19).compress(blob))
-        projections[name] = {"raw": len(blob) / n, "zstd": packed / n, "wire_v2": (v2 + min(len(blob), packed)) / n}
+        projections[name] = {"raw": len(blob) / n, "zstd": packed / n, "wire_v2": (v2 + min(len(blob), packed)) / n,
+                             "wire_v3": (v3 + min(len(blob), packed)) / n}
     return {"tokens": n, "prompt_tokens": len(prompt), "generate_s": generate_s, "encode_v2_ms": encode_v2_ms,
-            "bytes": sizes,
+            "encode_v3_ms": encode_v3_ms, "bytes": sizes,
             "per_token": {"raw": (sizes["header"] + sizes["leaves"] + fingerprint) / n,
                           "wire_v1": (sizes["wire_v1"] + fingerprint) / n,
                           "wire_v2": (v2 + fingerprint) / n,
+                          "wire_v3": (v3 + fingerprint) / n,
                           "fingerprint": fingerprint / n},
             "projection_per_token": projections}
 
@@ -102,30 +109,32 @@ def main(argv: list[str] | None = None) -> int:
     engine = TransformersEngine(files.path, MODEL, TransformersOptions(record_layers=RECORDED))
     rows = [measure(engine, files.model_id, prompt, n) for n in args.tokens]
     table = Table(title=f"{MODEL}: payload bytes per generated token (K 5, prompt {len(prompt)} tokens amortised)")
-    for col in ("tokens", "raw", "wire v1 (zstd 3)", "wire v2 (columns, zstd 19)", "of which fingerprint",
-                "v2 ÷ v1", "v2 encode ms"):
+    for col in ("tokens", "raw", "wire v1 (zstd 3)", "wire v2 (columns, zstd 19)", "wire v3 (predicted weights)",
+                "of which fingerprint", "v2 ÷ v1", "v3 ÷ v2", "v2 / v3 encode ms"):
         table.add_column(col, justify="right")
     for r in rows:
         t = r["per_token"]
         table.add_row(str(r["tokens"]), f"{t['raw']:.1f}", f"{t['wire_v1']:.1f}", f"{t['wire_v2']:.1f}",
-                      f"{t['fingerprint']:.1f}", f"{t['wire_v2'] / t['wire_v1']:.3f}", f"{r['encode_v2_ms']:.1f}")
+                      f"{t['wire_v3']:.1f}", f"{t['fingerprint']:.1f}", f"{t['wire_v2'] / t['wire_v1']:.3f}",
+                      f"{t['wire_v3'] / t['wire_v2']:.3f}", f"{r['encode_v2_ms']:.1f} / {r['encode_v3_ms']:.1f}")
     console = Console(width=140)
     console.print(table)
-    kinds = Table(title="fingerprint bytes per generated token by kind (whole payload: wire v2 + the fingerprint, "
-                        "the smaller of raw and zstd)")
-    for col in ("tokens", "kind", "fingerprint raw", "fingerprint zstd 19", "whole payload"):
+    kinds = Table(title="fingerprint bytes per generated token by kind (whole payload: wire v2 or v3 + the "
+                        "fingerprint, the smaller of raw and zstd)")
+    for col in ("tokens", "kind", "fingerprint raw", "fingerprint zstd 19", "whole payload v2", "whole payload v3"):
         kinds.add_column(col, justify="right")
     for r in rows:
         t = r["per_token"]
         kinds.add_row(str(r["tokens"]), "v1 TOPLOC", f"{t['fingerprint']:.2f}", "(does not compress)",
-                      f"{t['wire_v2']:.1f}")
+                      f"{t['wire_v2']:.1f}", f"{t['wire_v3']:.1f}")
         for name, v in r["projection_per_token"].items():
-            kinds.add_row(str(r["tokens"]), name, f"{v['raw']:.2f}", f"{v['zstd']:.2f}", f"{v['wire_v2']:.1f}")
+            kinds.add_row(str(r["tokens"]), name, f"{v['raw']:.2f}", f"{v['zstd']:.2f}", f"{v['wire_v2']:.1f}",
+                          f"{v['wire_v3']:.1f}")
     console.print(kinds)
     at256 = next((r for r in rows if r["tokens"] == 256), None)
     if at256 is not None:
-        value = at256["per_token"]["wire_v2"]
-        console.print(f"goal ≤ {GOAL_BYTES_PER_TOKEN} B/token compressed at 256 tokens: {value:.1f} "
+        value = min(at256["per_token"]["wire_v2"], at256["per_token"]["wire_v3"])
+        console.print(f"goal ≤ {GOAL_BYTES_PER_TOKEN} B/token compressed at 256 tokens (best wire): {value:.1f} "
                       f"({'met' if value <= GOAL_BYTES_PER_TOKEN else 'missed'})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "payload", "model": MODEL, "machine": platform.machine(),

@@ -20,6 +20,7 @@ from node.protocol.artifact import (
     compute_positions_root,
     encode_artifact_wire,
     encode_columns,
+    encode_columns_v3,
     encode_header,
     encode_leaves,
     leaf_size,
@@ -98,8 +99,10 @@ def artifact_vectors() -> list[dict[str, Any]]:
             "positions_root": _hex(compute_positions_root(art.positions)),
             "artifact_root": _hex(art.root),
             "output_hash": _hex(compute_output_hash(art.positions.chosen)),
-            "wire": _hex(encode_artifact_wire(art)),
+            "wire": _hex(encode_artifact_wire(art, version=2)),
             "columns": _hex(encode_columns(art)),  # wire v2's content before zstd (the layout, pinned)
+            "wire_v3": _hex(encode_artifact_wire(art, version=3)),
+            "columns_v3": _hex(encode_columns_v3(art)),  # wire v3's content before zstd (the layout, pinned)
         })
     return out
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node.protocol.artifact import decode_artifact_wire, decode_columns, encode_artifact
+from node.protocol.artifact import WIRE_V3, decode_artifact_wire, decode_columns, decode_columns_v3, encode_artifact
 from node.protocol.errors import Reason
 from node.protocol.hashing import keccak256
 from node.protocol.merkle import verify_merkle_proof
@@ -24,7 +24,8 @@ def load_generator():
 
 
 def strip_wire(vectors):
-    return {**vectors, "artifact": [{k: v for k, v in a.items() if k != "wire"} for a in vectors["artifact"]]}
+    wires = ("wire", "wire_v3")
+    return {**vectors, "artifact": [{k: v for k, v in a.items() if k not in wires} for a in vectors["artifact"]]}
 
 
 def test_code_reproduces_the_committed_vectors():
@@ -34,10 +35,12 @@ def test_code_reproduces_the_committed_vectors():
 
 @pytest.mark.parametrize("case", VECTORS["artifact"], ids=lambda c: f"n={len(c['leaves'])}")
 def test_committed_wire_decodes_to_committed_encoding(case):
-    art = decode_artifact_wire(bytes.fromhex(case["wire"][2:]))
     expected = bytes.fromhex(case["header"][2:]) + b"".join(bytes.fromhex(x[2:]) for x in case["leaves"])
-    assert encode_artifact(art) == expected
-    assert "0x" + art.root.hex() == case["artifact_root"]
+    for wire in (case["wire"], case["wire_v3"]):  # v2, v3
+        art = decode_artifact_wire(bytes.fromhex(wire[2:]))
+        assert encode_artifact(art) == expected
+        assert "0x" + art.root.hex() == case["artifact_root"]
+    assert case["wire_v3"][2:4] == WIRE_V3.hex()
 
 
 @pytest.mark.parametrize("case", VECTORS["artifact"], ids=lambda c: f"n={len(c['leaves'])}")
@@ -78,4 +81,10 @@ def test_termination_cases_cover_every_outcome():
 @pytest.mark.parametrize("case", VECTORS["artifact"], ids=lambda c: f"n{len(c['leaves'])}")
 def test_committed_columns_decode_to_committed_encoding(case):
     art = decode_columns(bytes.fromhex(case["columns"][2:]))
+    assert encode_artifact(art).hex() == case["header"][2:] + "".join(leaf[2:] for leaf in case["leaves"])
+
+
+@pytest.mark.parametrize("case", VECTORS["artifact"], ids=lambda c: f"n{len(c['leaves'])}")
+def test_committed_v3_columns_decode_to_committed_encoding(case):
+    art = decode_columns_v3(bytes.fromhex(case["columns_v3"][2:]))
     assert encode_artifact(art).hex() == case["header"][2:] + "".join(leaf[2:] for leaf in case["leaves"])

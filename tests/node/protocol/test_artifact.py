@@ -1,4 +1,5 @@
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,13 +186,13 @@ def _with_outside_chosen() -> A.Artifact:
 
 def test_wire_v2_round_trips_and_v1_stays_accepted(art):
     for case in (art, _with_outside_chosen()):
-        v1, v2 = A.encode_artifact_wire(case, version=1), A.encode_artifact_wire(case)
-        assert v2[:1] == A.WIRE_V2 and v1[:1] != A.WIRE_V2  # v1 begins with zstd's magic
+        v1, v2 = A.encode_artifact_wire(case, version=1), A.encode_artifact_wire(case, version=2)
+        assert v2[:1] == A.WIRE_V2 and v1[:1] not in (A.WIRE_V2, A.WIRE_V3)  # v1 begins with zstd's magic
         assert A.decode_artifact_wire(v1) == case and A.decode_artifact_wire(v2) == case
     slots = A.compute_chosen_slots(_with_outside_chosen().positions)
     assert slots[1] == 5 and (slots[[0, 2, 3, 4, 5]] < 5).all()  # K = 5: the explicit marker
     with pytest.raises(InvalidParams):
-        A.encode_artifact_wire(art, version=3)
+        A.encode_artifact_wire(art, version=4)
 
 
 def test_wire_v2_refuses_a_second_spelling_of_the_chosen_token(art):
@@ -209,3 +210,137 @@ def test_wire_v2_refuses_a_second_spelling_of_the_chosen_token(art):
     with pytest.raises(InvalidArtifact) as info:
         A.decode_columns(bytes(columns))
     assert info.value.reason is Reason.NON_CANONICAL
+
+
+# wire v3: the weights predicted from the logprobs
+
+def test_compute_exp_is_pinned_to_the_bit_and_close_to_exp():
+    # the decoder must predict the encoder's integers on every platform: the bits are pinned, not just the value
+    x = np.array([0.0, -1e-9, -0.5, -1.0, -3.7, -20.0, -699.0, 5.0, 39.9, -800.0, 90.0])
+    pinned = [0x3FF0000000000000, 0x3FEFFFFFFF768FA1, 0x3FE368B2FC6F960A, 0x3FD78B56362CEF38, 0x3F99511FC6871044,
+              0x3E21B48655F37267, 0xE78694FE9F73CC, 0x40628D389970338F, 0x4387A568B8BE7386]
+    got = A.compute_exp(x)
+    assert [int(b) for b in got.view(np.uint64)[:9]] == pinned
+    assert got[9] == A.compute_exp(np.array([-700.0]))[0] and got[10] == A.compute_exp(np.array([40.0]))[0]
+    xs = np.linspace(-700.0, 40.0, 100_001)
+    assert np.max(np.abs(A.compute_exp(xs) / np.exp(xs) - 1)) < 1e-15
+
+
+def test_kept_prefix_counts_leading_non_zero_weights():
+    w = np.array([[5, 3, 0, 0], [5, 0, 2, 0], [0, 1, 1, 1], [4, 3, 2, 1]])
+    assert A.compute_kept_prefix(w).tolist() == [2, 1, 0, 4]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
+def test_weight_predictions_are_close_on_honest_artifacts(temperature):
+    req = SyntheticRequest(inference_id=5, user_seed=1, params=SamplingParams(temperature, 0.95, 0, 200),
+                           output_length=200, vocab_size=1024, logit_scale=3.0)
+    p = make_synthetic_artifact(req, logits_seed=4).positions
+    kept = A.compute_kept_prefix(p.weights)
+    pred = A.compute_weight_predictions(p.raw_logprobs, kept, p.weights[:, 0], temperature)
+    predicted = pred > 0  # every kept weight but the first of a row that keeps more than K
+    assert predicted.sum() >= (p.weights > 0).sum() - (kept == p.k).sum()
+    assert np.abs(p.weights - pred)[predicted].max() < 2**16  # residuals of ~12 bits instead of 32-bit weights
+    assert (pred[p.weights == 0] == 0).all()
+
+
+def test_wire_v3_is_the_default_smaller_than_v2_and_v1_v2_stay_accepted(art):
+    req = SyntheticRequest(inference_id=5, user_seed=1, params=SamplingParams(0.7, 0.95, 0, 256), output_length=256,
+                           vocab_size=4096, logit_scale=3.0)
+    for case in (art, _with_outside_chosen(), make_synthetic_artifact(req, logits_seed=2)):
+        v3 = A.encode_artifact_wire(case)
+        assert v3[:1] == A.WIRE_V3 and v3 == A.encode_artifact_wire(case, version=3)
+        for wire in (v3, A.encode_artifact_wire(case, version=2), A.encode_artifact_wire(case, version=1)):
+            assert A.decode_artifact_wire(wire) == case
+    assert len(v3) < 0.9 * len(A.encode_artifact_wire(case, version=2))
+
+
+def _v3_parts(art):
+    """Return v3 columns cut at: header end, kept column start, anchors start."""
+    columns = A.encode_columns_v3(art)
+    end = len(A.encode_header(art.header))
+    n, k = art.header.output_length, art.header.k
+    kept_at = end + n + 4 * int((A.compute_chosen_slots(art.positions) == k).sum())
+    return columns, end, kept_at, kept_at + n
+
+
+def test_wire_v3_refuses_every_other_spelling(art):
+    columns, end, kept_at, _ = _v3_parts(art)
+    n, k = art.header.output_length, art.header.k
+    assert A.decode_columns_v3(columns) == art
+    kept = A.compute_kept_prefix(art.positions.weights)
+    cases = []
+    row = next(i for i in range(n) if 0 < kept[i] < k)  # a row whose kept set ends inside the candidates
+    wrong = bytearray(columns)
+    wrong[kept_at + row] = kept[row] - 1  # another kept prefix: the residuals no longer spell the same weights
+    cases.append((bytes(wrong), Reason.NON_CANONICAL))
+    wrong = bytearray(columns)
+    wrong[kept_at] = k + 1  # a kept prefix beyond K
+    cases.append((bytes(wrong), Reason.NON_CANONICAL))
+    wrong = bytearray(columns)
+    wrong[end] = k + 1  # a chosen slot beyond K
+    cases.append((bytes(wrong), Reason.NON_CANONICAL))
+    cases += [(columns[:-1], Reason.TRUNCATED), (columns + b"\x00", Reason.TRAILING_BYTES),
+              (columns[:kept_at + 2], Reason.TRUNCATED), (columns[:end + 1], Reason.TRUNCATED)]
+    for blob, reason in cases:
+        with pytest.raises(InvalidArtifact) as info:
+            A.decode_columns_v3(blob)
+        assert info.value.reason is reason
+        with pytest.raises(InvalidArtifact) as info:
+            A.decode_artifact_wire(A.WIRE_V3 + zstandard.ZstdCompressor(write_content_size=True).compress(blob))
+        assert info.value.reason is reason
+    wire = A.encode_artifact_wire(art)
+    for blob, reason in ((wire + b"\x00", Reason.TRAILING_BYTES), (wire[:-2], Reason.WIRE_MALFORMED),
+                         (A.WIRE_V3, Reason.WIRE_MALFORMED)):
+        with pytest.raises(InvalidArtifact) as info:
+            A.decode_artifact_wire(blob)
+        assert info.value.reason in (reason, Reason.TRUNCATED)
+
+
+def test_wire_v3_refuses_non_finite_logprobs_with_their_position(art):
+    columns, *_ = _v3_parts(art)
+    n, k = art.header.output_length, art.header.k
+    logprob_plane0 = len(columns) - 4 * n * k - 4 * (n * k - int((A.compute_kept_prefix(art.positions.weights)
+                                                                   == k).sum()))
+    wrong = bytearray(columns)
+    wrong[logprob_plane0 + 3 * k] = 0x7F  # the first logprob of position 3: sign 0, exponent all ones
+    wrong[logprob_plane0 + n * k + 3 * k] = 0xC0  # 0x7FC0…: NaN
+    with pytest.raises(InvalidArtifact) as info:
+        A.decode_columns_v3(bytes(wrong))
+    assert info.value.reason is Reason.NON_FINITE_LOGPROB and info.value.position == 3
+
+
+FLOAT32_FINITE = st.integers(0, 2**32 - 1).filter(lambda b: (b >> 23) & 0xFF != 0xFF)
+
+
+@given(st.data(), st.integers(1, 6), st.integers(0, 12), st.sampled_from([0.0, 0.001, 0.7, 1.0, 3.0]))
+def test_wire_v3_round_trips_any_weights_and_logprobs(data, k, n, temperature):
+    # not only honest rows: any uint32 weights (zeros anywhere, maxima, non-monotone) and any finite logprobs
+    weights = data.draw(st.lists(st.lists(st.one_of(st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 2**32 - 1])),
+                                          min_size=k, max_size=k), min_size=n, max_size=n))
+    bits = data.draw(st.lists(st.lists(FLOAT32_FINITE, min_size=k, max_size=k), min_size=n, max_size=n))
+    ids = [list(range(7 * i, 7 * i + k)) for i in range(n)]
+    chosen = [data.draw(st.integers(0, 50)) for _ in range(n)]
+    logprobs = np.array(bits, dtype=np.uint32).reshape(n, k).view(np.float32)
+    params = SamplingParams(temperature, 0.9, 0, n)
+    header = A.ArtifactHeader(b"\x01" * 32, params.temperature_bits, params.top_p_bits, 0, n, k, b"\x02" * 32, (1,), n)
+    case = A.Artifact(header, A.make_positions(chosen, np.array(ids).reshape(n, k),
+                                               np.array(weights, dtype=np.int64).reshape(n, k), logprobs))
+    wire = A.encode_artifact_wire(case, version=3)
+    back = A.decode_artifact_wire(wire)
+    assert back == case and A.encode_artifact_wire(back, version=3) == wire
+
+
+REAL = Path(__file__).resolve().parents[2] / "vectors" / "artifact_smollm2_256.v3"
+REAL_ROOT = "11d19c38f0afeebd9db9e341fbee0274488b03143d6c620d9b4187250a0ec3ae"
+
+
+def test_wire_v3_on_a_real_smollm2_artifact():
+    # 256 tokens of SmolLM2-135M-Instruct (T 0.7, top-p 0.95, K 5), the executer's wire v3 as recorded
+    wire = REAL.read_bytes()
+    art = A.decode_artifact_wire(wire)
+    assert len(art.positions) == 256 and art.header.k == 5
+    assert art.root.hex() == REAL_ROOT
+    assert A.decode_artifact_wire(A.encode_artifact_wire(art, version=2)) == art
+    assert A.encode_columns_v3(art) == zstandard.ZstdDecompressor().decompress(wire[1:])
+    assert len(A.encode_artifact_wire(art)) < 0.85 * len(A.encode_artifact_wire(art, version=2))

@@ -29,7 +29,9 @@ ART = make_synthetic_artifact(SyntheticRequest(inference_id=1, user_seed=2, para
 RAW = A.encode_artifact(ART)
 WIRE = A.encode_artifact_wire(ART, version=1)
 COLUMNS = A.encode_columns(ART)
-WIRE2 = A.encode_artifact_wire(ART)  # v2: 0x02 ‖ zstd(columns)
+WIRE2 = A.encode_artifact_wire(ART, version=2)  # v2: 0x02 ‖ zstd(columns)
+COLUMNS3 = A.encode_columns_v3(ART)
+WIRE3 = A.encode_artifact_wire(ART)  # v3 (the default): 0x03 ‖ zstd(columns, weights predicted)
 HEADER_LEN = len(A.encode_header(ART.header))
 LEAF = A.leaf_size(ART.header.k)
 HIDDEN = np.random.default_rng(3).standard_normal((4 + 40, 160)).astype(np.float32)
@@ -119,6 +121,47 @@ def test_truncated_or_extended_columns_are_refused(cut, tail):
     assert isinstance(decode_wire_or_reason(frame_v2(COLUMNS[:cut])), Reason)
     assert decode_wire_or_reason(frame_v2(COLUMNS + tail)) is Reason.TRAILING_BYTES
     assert decode_wire_or_reason(WIRE2 + tail) is Reason.TRAILING_BYTES
+
+
+def frame_v3(columns: bytes) -> bytes:
+    """Return a well-formed v3 wire payload around any column content."""
+    return A.WIRE_V3 + zstandard.ZstdCompressor(write_content_size=True).compress(columns)
+
+
+def test_fixture_wire_v3_is_canonical():
+    assert WIRE3[:1] == A.WIRE_V3 and A.decode_artifact_wire(WIRE3) == ART
+    assert A.decode_artifact_wire(frame_v3(COLUMNS3)) == ART
+
+
+@FUZZ
+@given(st.data())
+def test_flipped_v3_column_bytes_decode_to_their_one_spelling_or_are_refused(data):
+    blob = bytearray(COLUMNS3)
+    for _ in range(data.draw(st.integers(1, 6))):
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= data.draw(st.integers(1, 255))
+    got = decode_wire_or_reason(frame_v3(bytes(blob)))
+    if isinstance(got, A.Artifact):
+        assert A.encode_columns_v3(got) == bytes(blob)
+
+
+@FUZZ
+@given(st.integers(0, len(COLUMNS3) - 1), st.binary(min_size=1, max_size=64))
+def test_truncated_or_extended_v3_columns_are_refused(cut, tail):
+    assert isinstance(decode_wire_or_reason(frame_v3(COLUMNS3[:cut])), Reason)
+    assert decode_wire_or_reason(frame_v3(COLUMNS3 + tail)) is Reason.TRAILING_BYTES
+    assert decode_wire_or_reason(WIRE3 + tail) is Reason.TRAILING_BYTES
+
+
+@FUZZ
+@given(st.binary(max_size=64), st.integers(0, 2**32 - 1), st.integers(0, 255))
+def test_forged_v3_counts_and_bytes_are_refused_without_large_work(body, output_length, k):
+    # a v3 header that declares up to 2^32 − 1 positions and any K over a short body: refused from the lengths
+    raw = bytearray(A.encode_header(ART.header))
+    raw[48:52] = struct.pack(">I", k)
+    raw[-4:] = struct.pack(">I", output_length)
+    started = time.perf_counter()
+    assert isinstance(decode_wire_or_reason(frame_v3(bytes(raw) + body)), Reason)
+    assert time.perf_counter() - started < 0.5
 
 
 HEADER_FIELDS = {"temperature": 32, "top_p": 36, "top_k": 40, "max_tokens": 44, "k": 48, "prompt_length": 84,
