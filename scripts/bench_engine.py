@@ -12,7 +12,8 @@ For each backend (transformers; vLLM when importable, i.e. run it with .venv-vll
                       requests together. `sample_position ms` is the sampler alone on the prefill's rows.
   prefill % of peak   the prefill's useful FLOP/s (linear layers, causal attention, the lm_head on the
                       response positions only, counted from the model's config) ÷ this machine's fp32
-                      matmul peak (a 2048² torch.mm at the same thread count)
+                      matmul peak (the best n×n torch.mm of n = 1024, 2048, 3072 at the same thread
+                      count: a median of one size read below what the prefill's own matmuls reached)
 Prints a table and writes JSON (default bench-results/bench_engine.json). Median of --repeats.
 Usage: .venv-vllm/bin/python scripts/bench_engine.py [--tokens 256] [--repeats 3]
 """
@@ -93,12 +94,17 @@ def install_step_clocks(with_vllm: bool) -> None:
         vllm_engine._capture_hook = StepClock.wrap(vllm_engine._capture_hook)  # registered when an engine is built
 
 
-def measure_matmul_peak(n: int = 2048, repeats: int = 5) -> float:
-    """Return this machine's fp32 matmul FLOP/s: the median of `repeats` n×n torch.mm at the current threads."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm-up
-    seconds, _ = timed(lambda: torch.mm(a, b), repeats)
-    return 2 * n**3 / seconds
+def measure_matmul_peak(sizes: tuple[int, ...] = (1024, 2048, 3072), repeats: int = 5) -> float:
+    """Return this machine's fp32 matmul FLOP/s: the best n×n torch.mm over sizes and repeats, current threads."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)  # warm-up
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - start))
+    return best
 
 
 def compute_prefill_flops(config: dict[str, Any], fed: int, logits: int) -> float:
