@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from eth_abi.abi import decode as abi_decode
 from eth_account.signers.local import LocalAccount
@@ -422,6 +422,9 @@ def send(w3: Web3, account: LocalAccount, fn: Any, value: int = 0, timeout: floa
     return receipt
 
 
+MODULE_ROLE = keccak(text="MODULE_ROLE")  # the hub's role for modules that may slash (slashForModule)
+
+
 class ModuleClient:
     """A module beside the hub (its artifact at `ARTIFACT`) at one address, driven by locally held keys."""
 
@@ -445,6 +448,28 @@ class ModuleClient:
             return send(self.w3, account, getattr(self.contract.functions, name)(*args))
         except Exception as exc:  # translated below
             raise translate_module_error(exc, self.ARTIFACT) from exc
+
+    def get_events(self, name: str, from_block: int, to_block: int | str = "latest",
+                   argument_filters: dict[str, Any] | None = None) -> list[Any]:
+        """Return decoded logs of one event in a block range."""
+        try:
+            event = getattr(self.contract.events, name)()
+            return list(event.get_logs(from_block=from_block, to_block=to_block, argument_filters=argument_filters))
+        except Exception as exc:  # translated below
+            raise translate_module_error(exc, self.ARTIFACT) from exc
+
+    @classmethod
+    def deploy_beside(cls, w3: Web3, account: LocalAccount, hub: Hub, *constructor_args: Any) -> Self:
+        """Deploy the module beside `hub` and grant it MODULE_ROLE (`account` must be the hub's admin)."""
+        art = load_artifact(cls.ARTIFACT)
+        factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
+        try:
+            receipt = send(w3, account, factory.constructor(hub.address, *constructor_args))
+        except Exception as exc:  # translated below
+            raise translate_module_error(exc, cls.ARTIFACT) from exc
+        client = cls(w3, str(receipt["contractAddress"]))
+        hub.transact(account, "grantRole", MODULE_ROLE, client.address)
+        return client
 
 
 def translate_module_error(exc: BaseException, path: Path) -> ChainError:

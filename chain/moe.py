@@ -24,15 +24,13 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, ModuleClient, load_artifact, send, translate_module_error
-from chain.errors import ChainError
+from chain.contracts import Hub, ModuleClient
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "ExpertDuty.json"
 DOMAIN_NAME, DOMAIN_VERSION = "verinfer-experts", "1"
 VERDICT_FIELDS = [{"name": "inferenceId", "type": "uint256"}, {"name": "duty", "type": "uint32"},
                   {"name": "moeRoot", "type": "bytes32"}, {"name": "valid", "type": "bool"},
                   {"name": "reason", "type": "uint16"}, {"name": "scoresDigest", "type": "bytes32"}]
-MODULE_ROLE = keccak(text="MODULE_ROLE")
 
 
 class DutyResult(IntEnum):
@@ -85,10 +83,6 @@ class ExpertVote:
     def as_tuple(self) -> tuple[int, bool, int, bytes, bytes]:
         """Return the ABI tuple."""
         return (self.duty, self.valid, self.reason, self.scores_digest, self.signature)
-
-
-def _translate(exc: BaseException) -> ChainError:
-    return translate_module_error(exc, ARTIFACT)
 
 
 def compute_expert_typed_data(chain_id: int, contract: str, inference_id: int, duty: int, moe_root: bytes,
@@ -174,27 +168,10 @@ class ExpertDutyClient(ModuleClient):
         return bytes(self.call("verdictDigest", inference_id, duty, moe_root, valid, reason,
                                scores_digest))
 
-    def get_events(self, name: str, from_block: int, to_block: int | str = "latest",
-                   argument_filters: dict[str, Any] | None = None) -> list[Any]:
-        """Return decoded logs of one event in a block range."""
-        try:
-            event = getattr(self.contract.events, name)()
-            return list(event.get_logs(from_block=from_block, to_block=to_block, argument_filters=argument_filters))
-        except Exception as exc:  # translated below
-            raise _translate(exc) from exc
-
 
 def deploy_expert_duty(w3: Web3, account: LocalAccount, hub: Hub, per_duty: int = 2) -> ExpertDutyClient:
     """Deploy the module beside `hub` and grant it MODULE_ROLE (`account` must be the hub's admin)."""
-    art = load_artifact(ARTIFACT)
-    factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
-    try:
-        receipt = send(w3, account, factory.constructor(hub.address, per_duty))
-    except Exception as exc:  # translated below
-        raise _translate(exc) from exc
-    client = ExpertDutyClient(w3, str(receipt["contractAddress"]))
-    hub.transact(account, "grantRole", MODULE_ROLE, client.address)
-    return client
+    return ExpertDutyClient.deploy_beside(w3, account, hub, per_duty)
 
 
 __all__ = ["DutyResult", "ExpertDutyClient", "ExpertVote", "MoeOpening", "Opened", "compute_expert_digest",

@@ -20,8 +20,7 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, ModuleClient, load_artifact, send, translate_module_error
-from chain.errors import ChainError
+from chain.contracts import MODULE_ROLE, Hub, ModuleClient
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "SpotCheck.json"
 DOMAIN_NAME, DOMAIN_VERSION = "verinfer-spotcheck", "1"
@@ -29,7 +28,6 @@ VERDICT_FIELDS = [{"name": "operator", "type": "address"}, {"name": "runId", "ty
                   {"name": "windowId", "type": "bytes32"}, {"name": "measurementRoot", "type": "bytes32"},
                   {"name": "valid", "type": "bool"}, {"name": "reason", "type": "uint16"},
                   {"name": "policyDigest", "type": "bytes32"}]
-MODULE_ROLE = keccak(text="MODULE_ROLE")
 
 
 class WindowResult(IntEnum):
@@ -53,10 +51,6 @@ class WindowVote:
     def as_tuple(self) -> tuple[bool, int, bytes, bytes, bytes]:
         """Return the ABI tuple."""
         return (self.valid, self.reason, self.measurement_root, self.policy_digest, self.signature)
-
-
-def _translate(exc: BaseException) -> ChainError:
-    return translate_module_error(exc, ARTIFACT)
 
 
 def compute_window_typed_data(chain_id: int, contract: str, operator: str, run_id: bytes, window_id: bytes,
@@ -123,25 +117,10 @@ class SpotCheckClient(ModuleClient):
         return bytes(self.call("verdictDigest", Web3.to_checksum_address(operator), run_id, window_id,
                                measurement_root, valid, reason, policy_digest))
 
-    def get_events(self, name: str, from_block: int, to_block: int | str = "latest") -> list[Any]:
-        """Return decoded logs of one event in a block range."""
-        try:
-            return list(getattr(self.contract.events, name)().get_logs(from_block=from_block, to_block=to_block))
-        except Exception as exc:  # translated below
-            raise _translate(exc) from exc
-
 
 def deploy_spotcheck(w3: Web3, account: LocalAccount, hub: Hub, min_signers: int = 2) -> SpotCheckClient:
     """Deploy the module beside `hub` and grant it MODULE_ROLE (`account` must be the hub's admin)."""
-    art = load_artifact(ARTIFACT)
-    factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
-    try:
-        receipt = send(w3, account, factory.constructor(hub.address, min_signers))
-    except Exception as exc:  # translated below
-        raise _translate(exc) from exc
-    client = SpotCheckClient(w3, str(receipt["contractAddress"]))
-    hub.transact(account, "grantRole", MODULE_ROLE, client.address)
-    return client
+    return SpotCheckClient.deploy_beside(w3, account, hub, min_signers)
 
 
 __all__ = ["MODULE_ROLE", "SpotCheckClient", "WindowResult", "WindowVote", "compute_window_digest",
