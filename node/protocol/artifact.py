@@ -262,6 +262,21 @@ def compute_chosen_slots(positions: Positions) -> np.ndarray:
     return slots.astype(np.uint8)
 
 
+def encode_chosen(positions: Positions) -> tuple[np.ndarray, bytes]:
+    """Return the chosen slots and the explicit (uint32) chosen ids of the positions whose slot is K."""
+    slots = compute_chosen_slots(positions)
+    return slots, positions.chosen[slots == positions.k].astype(">u4").tobytes()
+
+
+def decode_chosen(slots: np.ndarray, ids: np.ndarray, explicit: np.ndarray) -> np.ndarray:
+    """Return the chosen ids: the candidate at each slot below K, else the next explicit id."""
+    chosen = np.empty(slots.size, dtype=np.int64)
+    inside = slots < ids.shape[1]
+    chosen[inside] = ids[inside, slots[inside].astype(np.int64)]
+    chosen[~inside] = explicit
+    return chosen
+
+
 def _planes(values: np.ndarray, dtype: str) -> bytes:
     flat = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
     return flat.view(np.uint8).reshape(-1, 4).T.tobytes()
@@ -276,8 +291,7 @@ def encode_columns(artifact: Artifact) -> bytes:
     """Return wire v2's uncompressed content: the header, then the leaves' fields column by column."""
     p = artifact.positions
     _require_u32_columns(p)
-    slots = compute_chosen_slots(p)
-    explicit: bytes = p.chosen[slots == p.k].astype(">u4").tobytes()
+    slots, explicit = encode_chosen(p)
     return (encode_header(artifact.header) + slots.tobytes() + explicit
             + _planes(p.token_ids, ">u4") + _planes(p.weights, ">u4") + _planes(p.raw_logprobs, ">f4"))
 
@@ -304,10 +318,7 @@ def decode_columns(raw: bytes) -> Artifact:
     ids = _from_planes(raw[at:at + block], n * k, ">u4").reshape(n, k).astype(np.int64)
     weights = _from_planes(raw[at + block:at + 2 * block], n * k, ">u4").reshape(n, k).astype(np.int64)
     logprobs = _from_planes(raw[at + 2 * block:], n * k, ">f4").reshape(n, k).astype(np.float32)
-    chosen = np.empty(n, dtype=np.int64)
-    inside = slots < k
-    chosen[inside] = ids[inside, slots[inside].astype(np.int64)]
-    chosen[~inside] = explicit
+    chosen = decode_chosen(slots, ids, explicit)
     artifact = Artifact(header, make_positions(chosen, ids, weights, logprobs))
     if encode_columns(artifact) != raw:  # a slot not at the chosen token's first column, or an explicit candidate
         raise InvalidArtifact("non-canonical chosen slot", Reason.NON_CANONICAL)
@@ -501,8 +512,7 @@ def encode_columns_v3(artifact: Artifact) -> bytes:
     """Return wire v3's uncompressed content: v2's columns with the weights predicted from the logprobs."""
     p = artifact.positions
     _require_u32_columns(p)
-    slots = compute_chosen_slots(p)
-    explicit: bytes = p.chosen[slots == p.k].astype(">u4").tobytes()
+    slots, explicit = encode_chosen(p)
     kept = compute_kept_prefix(p.weights)
     anchored = kept == p.k
     pred = compute_weight_predictions(p.raw_logprobs, kept, p.weights[:, 0], artifact.header.params.temperature)
@@ -553,10 +563,7 @@ def decode_columns_v3(raw: bytes) -> Artifact:
     residuals[anchored, 0] = first[anchored]
     pred = compute_weight_predictions(logprobs, kept, first, header.params.temperature)
     weights = (pred + residuals) % 2**32
-    chosen = np.empty(n, dtype=np.int64)
-    inside = slots < k
-    chosen[inside] = ids[inside, slots[inside].astype(np.int64)]
-    chosen[~inside] = explicit
+    chosen = decode_chosen(slots, ids, explicit)
     artifact = Artifact(header, make_positions(chosen, ids, weights, logprobs))
     if encode_columns_v3(artifact) != raw:  # a slot, kept prefix or residual that is not the canonical one
         raise InvalidArtifact("non-canonical v3 columns", Reason.NON_CANONICAL)
