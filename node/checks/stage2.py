@@ -148,8 +148,8 @@ def compute_own_weights(probs: np.ndarray, params: SamplingParams) -> tuple[np.n
 
     The kept prefix is found by sorting growing top-m slices until top_k and top_p are settled; when
     nothing is masked every token keeps its weight and no order is needed beyond the top K. Equal to
-    ``compute_sampling_distribution`` up to the summation order of the normaliser Z (at most one weight
-    unit, 2^-32; tested).
+    ``compute_sampling_distribution`` up to the last bit of the normaliser Z (numpy's float64 sum here, the
+    exact sum there: at most one weight unit, 2^-32; tested).
     """
     v = probs.size
     limit = v if params.top_k == 0 else min(params.top_k, v)
@@ -209,8 +209,9 @@ def measure_position_fast(logits: np.ndarray, params: SamplingParams, v: int, ch
 def compute_own_candidate_weights(params: SamplingParams, positions: Positions, logits: np.ndarray) -> np.ndarray:
     """Return the validator's integer weights of every position's committed candidates (vectorised where unmasked).
 
-    Equal to ``compute_sampling_distribution``'s weights up to the normaliser's summation order (one
-    weight unit); masked params (top-k, top-p) fall back to the per-row partial sorts.
+    Equal to ``compute_sampling_distribution``'s weights up to the last bit of the normaliser (numpy's
+    float64 sum, not the exact one: one weight unit); masked params (top-k, top-p) fall back to the
+    per-row partial sorts.
     """
     n = len(positions)
     x = np.asarray(logits[:n], dtype=np.float32)

@@ -8,15 +8,18 @@ Decisions where §2 is silent or would break its own stage-1 rules (also in docs
 * The top-p mass is the float32 cumulative sum (sequential, in sorted order) of the unmasked
   probabilities; if no prefix reaches top_p (float32 sums can end just below 1) nothing is cut.
 * Renormalisation is done in float64 from the kept float32 probabilities, then
-  ``w = min(floor(p * 2^32 / Z), 2^32 - 1)``. A float32 renormalisation can make the kept
-  probabilities sum to 1 + 2^-24 and the weights to more than 2^32, which the stage-1 rule
-  ``W_K <= 2^32`` would reject for an honest operator. In float64, for vocabularies up to
+  ``w = min(floor(p * 2^32 / Z), 2^32 - 1)`` where Z is the float64 nearest the *exact* sum of the
+  kept probabilities (since 26 Nov; before, numpy's pairwise float64 sum in sorted order, which
+  depends on the order and on numpy's summation code and forced a full-vocabulary sort). A float32
+  renormalisation can make the kept probabilities sum to 1 + 2^-24 and the weights to more than
+  2^32, which the stage-1 rule ``W_K <= 2^32`` would reject for an honest operator. In float64, for vocabularies up to
   MAX_VOCAB, ``2^32 - n_kept - 1 < sum(w) <= 2^32`` holds, so the tail walk can only run out
   when ``v >= 2^32 - vocab_size - 1`` (see ``tail_exhaustion_floor``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,10 +222,21 @@ def compute_kept_count(sorted_probs: np.ndarray, top_k: int, top_p: float) -> in
     return keep
 
 
+def compute_exact_sum(values: np.ndarray) -> float:
+    """Return the float64 nearest the exact sum of finite float32 values (the same in any order)."""
+    v = np.asarray(values, dtype=np.float32).ravel()
+    if v.size > MAX_VOCAB:
+        raise InvalidParams(f"{v.size} values exceed {MAX_VOCAB}", Reason.VOCAB_TOO_LARGE)
+    # values sharing sign and exponent are multiples of one power of two below 2^24 of it: fewer than
+    # 2^20 of them sum exactly in float64 in any order; fsum rounds the bucket sums' total once
+    # (float64 weights and intp indices: bincount converts float32 weights several times slower)
+    buckets = np.bincount((v.view(np.uint32) >> np.uint32(23)).astype(np.intp), weights=v.astype(np.float64))
+    return math.fsum(buckets.tolist())
+
+
 def compute_integer_weights(kept_probs: np.ndarray) -> np.ndarray:
     """Return w = min(floor(p * 2^32 / Z), 2^32 - 1) for the kept float32 probabilities."""
-    p = kept_probs.astype(np.float64)
-    return _scaled_weights(p, float(p.sum()))
+    return _scaled_weights(np.asarray(kept_probs).astype(np.float64), compute_exact_sum(kept_probs))
 
 
 def _scaled_weights(p: np.ndarray, total: float) -> np.ndarray:
@@ -317,6 +331,15 @@ def _walk_tempered(probs: np.ndarray, params: SamplingParams, k: int, v: int) ->
     n = probs.size
     keys = _probability_keys(probs)
     cap = n if params.top_k == 0 else min(params.top_k, n)  # compute_kept_count's top-k bound
+    if params.top_p == 1.0 and cap == n:  # nothing masked: Z is every probability's, in any order
+        order = _leading_order(keys, max(k, _WALK_PREFIX))
+        total = compute_exact_sum(probs)
+        head = _scaled_weights(probs[order].astype(np.float64), total)
+        cumulative = np.cumsum(head)
+        if v >= int(cumulative[-1]) and head.size < n:  # the walk goes past the head: the whole order
+            order = _argsort_keys(keys)
+            cumulative = np.cumsum(_scaled_weights(probs[order].astype(np.float64), total))
+        return _finish_walk(order, head, cumulative, n, k, v)
     if params.top_p == 1.0:
         order = _leading_order(keys, max(k, cap))
         sorted_probs = probs[order]
@@ -332,11 +355,17 @@ def _walk_tempered(probs: np.ndarray, params: SamplingParams, k: int, v: int) ->
             if order.size >= cap:  # not reached within the top-k bound (or the whole order): top-k decides
                 keep = cap
                 break
-    total = float(sorted_probs[:keep].astype(np.float64).sum())
+    total = compute_exact_sum(sorted_probs[:keep])
     head = _scaled_weights(sorted_probs[: min(keep, max(k, _WALK_PREFIX))].astype(np.float64), total)
     cumulative = np.cumsum(head)
     if v >= int(cumulative[-1]) and head.size < keep:  # the walk goes past the head: all kept weights
         cumulative = np.cumsum(_scaled_weights(sorted_probs[:keep].astype(np.float64), total))
+    return _finish_walk(order, head, cumulative, keep, k, v)
+
+
+def _finish_walk(order: np.ndarray, head: np.ndarray, cumulative: np.ndarray, keep: int, k: int,
+                 v: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Return (candidate ids, candidate weights, chosen id): the first j with v < W_j, else the top token."""
     j = int(np.searchsorted(cumulative, np.uint64(v), side="right"))
     weights = np.zeros(k, dtype=np.uint64)
     weights[: min(k, head.size)] = head[:k]

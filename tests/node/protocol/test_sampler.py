@@ -11,6 +11,7 @@ from node.protocol.sampler import (
     WEIGHT_ONE,
     SamplingParams,
     choose_token,
+    compute_exact_sum,
     compute_integer_weights,
     compute_kept_count,
     compute_sampling_distribution,
@@ -172,6 +173,28 @@ def test_chosen_token_is_the_walk_over_the_full_sorted_order(logits, params, v):
     expected = int(dist.order[hit[0]]) if hit.size else int(dist.order[0])
     k = min(5, logits.size)
     assert sample_position(logits, params, k, v).chosen == expected
+
+
+@given(arrays(np.float32, st.integers(1, 400), elements=st.floats(-2.0**100, 2.0**100, width=32)), st.randoms())
+def test_exact_sum_is_the_correctly_rounded_sum_in_any_order(values, random):
+    import math
+    expected = math.fsum(values.astype(np.float64).tolist())
+    assert compute_exact_sum(values) == expected
+    shuffled = values.copy()
+    random.shuffle(shuffled)
+    assert compute_exact_sum(shuffled) == expected
+
+
+def test_exact_sum_on_a_vocabulary_of_probabilities_with_subnormals():
+    rng = np.random.default_rng(7)
+    probs = compute_tempered_probs(rng.standard_normal(2**17).astype(np.float32) * 12, 1.0)
+    probs[:1000] = np.float32(1e-44)  # subnormal float32
+    import math
+    exact = math.fsum(probs.astype(np.float64).tolist())
+    assert compute_exact_sum(probs) == exact
+    assert compute_exact_sum(probs[::-1].copy()) == exact
+    with pytest.raises(InvalidParams):
+        compute_exact_sum(np.zeros(2**20 + 1, dtype=np.float32))
 
 
 @given(arrays(np.float32, st.integers(1, 400), elements=st.floats(-2.0**100, 2.0**100, width=32)))
