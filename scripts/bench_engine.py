@@ -9,7 +9,8 @@ For each backend (transformers; vLLM when importable, i.e. run it with .venv-vll
                       token — and the hidden-state capture hook; transformers: the sampling step, logits
                       to CPU and the sampler), artifact (leaves, Merkle root, zstd), fingerprints, each
                       as a share of generation time; and the same over the time to generate --batch
-                      requests together. `sample_position ms` is the sampler alone on the prefill's rows.
+                      requests together. `sampler ms` is the engines' sampler (sample_position_compiled)
+                      alone on the prefill's rows, warm.
   prefill % of peak   the prefill's useful FLOP/s (linear layers, causal attention, the lm_head on the
                       response positions only, counted from the model's config) ÷ this machine's fp32
                       matmul peak (the best n×n torch.mm of n = 1024, 2048, 3072 at the same thread
@@ -36,12 +37,13 @@ from rich.console import Console
 from rich.table import Table
 
 from node.engines.base import Engine, GenerationRequest
+from node.engines.compiled_sampler import sample_position_compiled
 from node.engines.models import get_model_spec, materialise_model
 from node.engines.tokenizer import ModelTokenizer
 from node.engines.transformers_engine import TransformersEngine
 from node.protocol.artifact import Artifact, ArtifactHeader, encode_artifact_wire, positions_from_samples
 from node.protocol.fingerprint import build_fingerprint
-from node.protocol.sampler import SamplingParams, sample_position
+from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
 
 MODEL = "smollm2-135m-instruct"
@@ -137,7 +139,7 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
     artifact_s, _ = timed(artifact, repeats)
     fingerprint_s, _ = timed(lambda: build_fingerprint(gen.hidden, len(prompt)), repeats)
     rows = pre.logits[: min(64, n)]
-    sampler_s, _ = timed(lambda: [sample_position(r, params, 5, 12345) for r in rows], repeats)
+    sampler_s, _ = timed(lambda: [sample_position_compiled(r, params, 5, 12345) for r in rows], repeats)
     sampler_per_token = sampler_s / len(rows)
     per_sequence_s = step_per_token * n + artifact_s + fingerprint_s  # the executer's own work per sequence
     # batch: `batch` requests (distinct seeds) generated together; the executer's work is per sequence
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     table = Table(title=f"{MODEL} fp32 on CPU ({torch.get_num_threads()} threads), prompt {len(prompt)} + "
                         f"{args.tokens} tokens, median of {args.repeats}")
-    for col in ("backend", "decode tok/s", "generate s", "prefill s", "generate ÷ prefill", "sample_position ms",
+    for col in ("backend", "decode tok/s", "generate s", "prefill s", "generate ÷ prefill", "sampler ms",
                 "step ms/tok", "step %", "artifact ms", "artifact %", "fingerprint ms", "fingerprint %", "overhead %",
                 f"batch {args.batch} tok/s", f"overhead % at batch {args.batch}", "prefill GFLOP/s", "% of peak"):
         table.add_column(col, justify="right")

@@ -21,8 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
+from node.engines.compiled_sampler import sample_position_compiled
 from node.errors import InvalidParams, Reason
-from node.protocol.sampler import PositionSample, sample_position
+from node.protocol.sampler import PositionSample
 from node.protocol.seed import compute_sampler_uniforms
 
 log = logging.getLogger(__name__)
@@ -206,12 +207,12 @@ class TransformersEngine(Engine):
     def _sample_step(self, rows: list[_Row], logits: torch.Tensor, step: int) -> torch.Tensor:
         """Sample position `step` of every unfinished row; return the ids to feed next."""
         next_ids = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
-        cpu_logits = logits.cpu()
+        cpu_logits = logits.detach().cpu().float().numpy()  # one conversion for the batch, not one a row
         for b, row in enumerate(rows):
             if row.finish is not None:
                 continue
             r = row.request
-            sample = sample_position(cpu_logits[b], r.params, r.k, int(row.uniforms[step]))
+            sample = sample_position_compiled(cpu_logits[b], r.params, r.k, int(row.uniforms[step]))
             row.samples.append(sample)
             next_ids[b] = sample.chosen
             if sample.chosen in r.stop_ids:

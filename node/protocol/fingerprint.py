@@ -56,8 +56,12 @@ def compute_bf16_bits(values: np.ndarray) -> np.ndarray:
     f = np.ascontiguousarray(values, dtype=np.float32)
     if not np.isfinite(f).all():
         raise InvalidParams("hidden states contain NaN or inf", Reason.NON_FINITE_HIDDEN)
-    bits = f.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    bits = f.view(np.uint32)
+    # finite bits are at most 0xFF7FFFFF, so adding at most 0x8000 cannot wrap a uint32
+    rounded = (bits >> 16) & 1
+    rounded += bits
+    rounded += np.uint32(0x7FFF)
+    rounded >>= 16
     return rounded.astype(np.uint16)
 
 

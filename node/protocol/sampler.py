@@ -40,6 +40,7 @@ DEFAULT_K = 5
 _BLOCK = 64
 # Weights are first computed for this many leading tokens; the walk goes past them only for large v.
 _WALK_PREFIX = 256
+_WALK_WIDE = 4096
 # top-p is first settled on this many leading tokens, then on the whole order.
 _TOP_P_PREFIXES = (256, 2048)
 
@@ -135,7 +136,7 @@ def to_float32_array(logits: Any) -> np.ndarray:
         raise InvalidParams(f"logits must be one row, got shape {arr.shape}", Reason.OUT_OF_RANGE)
     if not 0 < arr.size <= MAX_VOCAB:
         raise InvalidParams(f"vocabulary size {arr.size} outside (0, {MAX_VOCAB}]", Reason.VOCAB_TOO_LARGE)
-    if not np.isfinite(arr).all():
+    if not (np.isfinite(arr.max()) and np.isfinite(arr.min())):  # NaN propagates through both
         raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
     return arr
 
@@ -288,7 +289,17 @@ def sample_position(logits: Any, params: SamplingParams, k: int, v: int) -> Posi
     the chosen token, raw log-probabilities of the candidates and the chosen token.
     """
     x = to_float32_array(logits)
-    centred = x - x.max()  # compute_raw_logprobs's z
+    top = x.max()
+    if params.temperature == 1.0:  # logits / 1 is exact: the tempered exp is the raw one, made in place
+        probs = np.subtract(x, top)  # compute_raw_logprobs's z; only its candidates' and chosen entries are read again
+        np.exp(probs, out=probs)
+        total32 = probs.sum(dtype=np.float32)
+        log_total = np.log(total32)
+        probs /= total32
+        _check_k_and_v(k, v, x.size)
+        ids, weights, chosen = _walk_tempered(probs, params, k, v)
+        return _position_sample(chosen, ids, weights, x[ids] - top - log_total, x[chosen] - top - log_total)
+    centred = x - top  # compute_raw_logprobs's z
     if params.temperature == 0.0:
         log_total = np.log(np.exp(centred).sum(dtype=np.float32))
         _check_k_and_v(k, v, x.size)
@@ -297,23 +308,21 @@ def sample_position(logits: Any, params: SamplingParams, k: int, v: int) -> Posi
         weights = np.zeros(k, dtype=np.uint64)
         weights[0] = WEIGHT_MAX
     else:
-        if params.temperature == 1.0:  # logits / 1 is exact: the tempered exp is the raw one
-            probs = np.exp(centred)
-            total32 = probs.sum(dtype=np.float32)
-            log_total = np.log(total32)
-            probs /= total32
-        else:
-            probs = compute_tempered_probs(x, params.temperature)
-            log_total = np.log(np.exp(centred).sum(dtype=np.float32))
+        probs = compute_tempered_probs(x, params.temperature)
+        log_total = np.log(np.exp(centred).sum(dtype=np.float32))
         _check_k_and_v(k, v, x.size)
         ids, weights, chosen = _walk_tempered(probs, params, k, v)
-    raw = centred[ids] - log_total
+    return _position_sample(chosen, ids, weights, centred[ids] - log_total, centred[chosen] - log_total)
+
+
+def _position_sample(chosen: int, ids: np.ndarray, weights: np.ndarray, raw: np.ndarray,
+                     chosen_raw: np.floating[Any]) -> PositionSample:
     return PositionSample(
         chosen=chosen,
         token_ids=tuple(int(t) for t in ids),
         weights=tuple(int(w) for w in weights),
         raw_logprobs=tuple(float(lp) for lp in raw),
-        chosen_raw_logprob=float(centred[chosen] - log_total),
+        chosen_raw_logprob=float(chosen_raw),
     )
 
 
@@ -329,17 +338,19 @@ def _check_k_and_v(k: int, v: int, vocab_size: int) -> None:
 def _walk_tempered(probs: np.ndarray, params: SamplingParams, k: int, v: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Return (candidate ids, candidate weights, chosen id) for tempered probabilities (T > 0)."""
     n = probs.size
-    keys = _probability_keys(probs)
     cap = n if params.top_k == 0 else min(params.top_k, n)  # compute_kept_count's top-k bound
     if params.top_p == 1.0 and cap == n:  # nothing masked: Z is every probability's, in any order
-        order = _leading_order(keys, max(k, _WALK_PREFIX))
-        total = compute_exact_sum(probs)
+        keys = _probability_keys(probs)
+        order, total = _leading_order(keys, max(k, _WALK_PREFIX)), compute_exact_sum(probs)
         head = _scaled_weights(probs[order].astype(np.float64), total)
         cumulative = np.cumsum(head)
-        if v >= int(cumulative[-1]) and head.size < n:  # the walk goes past the head: the whole order
-            order = _argsort_keys(keys)
+        for m in (_WALK_WIDE, n):  # the walk goes past the head (about 1 step in 25): a longer prefix
+            if v < int(cumulative[-1]) or order.size >= n:
+                break
+            order = _leading_order(keys, m) if m < n else _argsort_keys(keys)
             cumulative = np.cumsum(_scaled_weights(probs[order].astype(np.float64), total))
         return _finish_walk(order, head, cumulative, n, k, v)
+    keys = _probability_keys(probs)
     if params.top_p == 1.0:
         order = _leading_order(keys, max(k, cap))
         sorted_probs = probs[order]
