@@ -21,6 +21,7 @@ import numpy as np
 
 from node.protocol.sampler import (
     MAX_K,
+    MAX_VOCAB,
     WEIGHT_MAX,
     WEIGHT_ONE,
     PositionSample,
@@ -39,9 +40,14 @@ def _scan_kernel(bits: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:  # 
     sign and exponent, each exact: fewer than 2^20 multiples of one power of two below 2^24 of it)."""
     n = bits.size
     values = bits.view(np.float32)
-    sums = np.zeros(512, dtype=np.float64)
-    for i in range(n):
+    # two lanes, so that neighbouring tokens of one exponent do not wait on each other's store
+    sums, odd = np.zeros(512, dtype=np.float64), np.zeros(512, dtype=np.float64)
+    for i in range(0, n - 1, 2):
         sums[bits[i] >> 23] += np.float64(values[i])
+        odd[bits[i + 1] >> 23] += np.float64(values[i + 1])
+    if n & 1:
+        sums[bits[n - 1] >> 23] += np.float64(values[n - 1])
+    sums += odd  # still exact: both are multiples of the bin's unit below 2^44 of it
     counts = np.zeros(1 << (32 - _BIN_SHIFT), dtype=np.int32)
     for i in range(n):
         counts[bits[i] >> _BIN_SHIFT] += 1
@@ -104,18 +110,20 @@ def _compile() -> tuple[Any, Any] | None:
 
 _KERNELS = _compile()
 _LEADING = 256  # as the protocol's first prefix: the walk stays within it about 24 steps in 25
-_WIDE = 1024
+_WIDER = (1024, 8192)
 
 
 def sample_position_compiled(logits: Any, params: SamplingParams, k: int, v: int) -> PositionSample:
     """Return ``sample_position(logits, params, k, v)``, compiled where nothing is masked."""
-    x = to_float32_array(logits)
+    plain = isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.ndim == 1
+    x = logits if plain and 0 < logits.size <= MAX_VOCAB else to_float32_array(logits)
     n = x.size
+    top = x.max()  # to_float32_array's finiteness check, with the max kept for the softmax
     unmasked = params.temperature > 0.0 and params.top_p == 1.0 and (params.top_k == 0 or params.top_k >= n)
-    if _KERNELS is None or not unmasked or not (1 <= k <= min(MAX_K, n) and 0 <= v <= WEIGHT_MAX):
+    if _KERNELS is None or not unmasked or not (1 <= k <= min(MAX_K, n) and 0 <= v <= WEIGHT_MAX) \
+            or not (np.isfinite(top) and np.isfinite(x.min())):
         return sample_position(x, params, k, v)  # the reference, with its typed errors
     scan, walk = _KERNELS
-    top = x.max()
     if params.temperature == 1.0:  # the reference's steps, in the same order
         probs = np.subtract(x, top)
         np.exp(probs, out=probs)
@@ -129,11 +137,13 @@ def sample_position_compiled(logits: Any, params: SamplingParams, k: int, v: int
     ids, sums = scan(bits, max(k, _LEADING))
     total = math.fsum(sums.tolist())
     hit, weights = walk(probs, ids, total, v, k)
-    if hit < 0 and ids.size < n:  # the walk goes past the leading tokens (1 step in 25): 1,024 of them
-        ids = scan(bits, _WIDE)[0]
+    for m in _WIDER:  # the walk goes past the leading tokens (1 step in 25): 1,024, then 8,192 of them
+        if hit >= 0 or ids.size >= n:
+            break
+        ids = scan(bits, m)[0]
         hit, weights = walk(probs, ids, total, v, k)
-        if hit < 0 and ids.size < n:  # past those too (1 in 75): the reference's full order
-            return sample_position(x, params, k, v)
+    if hit < 0 and ids.size < n:  # past those too (1 step in 1,000): the reference's full order
+        return sample_position(x, params, k, v)
     chosen = int(ids[hit]) if hit >= 0 else int(ids[0])  # past the whole mass the walk ran out
     candidates = ids[:k]
     return PositionSample(

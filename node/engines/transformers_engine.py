@@ -206,7 +206,7 @@ class TransformersEngine(Engine):
 
     def _sample_step(self, rows: list[_Row], logits: torch.Tensor, step: int) -> torch.Tensor:
         """Sample position `step` of every unfinished row; return the ids to feed next."""
-        next_ids = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+        next_ids = [0] * len(rows)
         cpu_logits = logits.detach().cpu().float().numpy()  # one conversion for the batch, not one a row
         for b, row in enumerate(rows):
             if row.finish is not None:
@@ -219,7 +219,7 @@ class TransformersEngine(Engine):
                 row.finish = "stop"
             elif len(row.samples) >= r.params.max_tokens:
                 row.finish = "length"
-        return next_ids
+        return torch.tensor(next_ids, dtype=torch.long, device=logits.device)
 
     @staticmethod
     def _finish(row: _Row) -> Generation:

@@ -14,7 +14,10 @@ peer has at most `max_streams_per_peer` payload streams at once, a request must 
 
 Nothing the daemon hands in runs in the trio thread (finding 9): `provider`, `validate` and
 `on_message` run in worker threads (trio.to_thread, each with its own capacity limiter), so a slow
-store, a blocking RPC in a validator or a slow handler cannot stall the host. A validation that
+store, a blocking RPC in a validator or a slow handler cannot stall the host. Payloads served are
+kept in a byte-bounded LRU in the trio thread (`cache_bytes`): a quorum's validators ask for the same
+payload, and after the first the answer needs no worker hop (≈ 0.2 ms). A payload is immutable once
+committed on chain, so a kept one is never stale; "not found" is never kept. A validation that
 raises or takes longer than `validate_budget` rejects that one message; a handler that raises
 drops that one message; neither ends the pubsub task. They must be thread-safe.
 
@@ -29,7 +32,7 @@ import logging
 import os
 import secrets
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +202,9 @@ class P2PHost:
     requests_served: int = 0  # payload requests answered
     _idle: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)  # reusable streams (and when) per peer
     _isolated: set[str] = field(default_factory=set)  # protocols whose handler is wrapped by _isolate
+    cache_bytes: int = 32 * 2**20  # payloads served, kept in memory (least recently served dropped first)
+    _cache: OrderedDict[int, bytes] = field(default_factory=OrderedDict)  # touched only in the trio thread
+    _cached: int = 0  # bytes in _cache
 
     def start(self) -> P2PHost:
         """Start the host in its own trio thread and wait until it listens."""
@@ -381,7 +387,27 @@ class P2PHost:
             await _end_stream(stream, ok)
 
     async def _provide(self, inference_id: int, peer: str) -> bytes | None:
-        """Return the provider's payload for an id (from a worker thread), or None if it has none or fails."""
+        """Return the payload for an id: kept in memory, else the provider's (from a worker thread); None if
+        it has none or fails."""
+        kept = self._cache.get(inference_id)
+        if kept is not None:
+            self._cache.move_to_end(inference_id)
+            return kept
+        body = await self._provide_from_store(inference_id, peer)
+        if body is not None:
+            self._keep(inference_id, body)
+        return body
+
+    def _keep(self, inference_id: int, body: bytes) -> None:
+        """Keep a served payload, dropping the least recently served beyond cache_bytes."""
+        if len(body) > self.cache_bytes or inference_id in self._cache:
+            return
+        self._cache[inference_id] = body
+        self._cached += len(body)
+        while self._cached > self.cache_bytes:
+            self._cached -= len(self._cache.popitem(last=False)[1])
+
+    async def _provide_from_store(self, inference_id: int, peer: str) -> bytes | None:
         try:
             with trio.fail_after(self.timeout):
                 body = await _run_in_worker(lambda: self.provider(inference_id), self._provider_limiter)

@@ -105,3 +105,26 @@ def test_gossip_relays_only_valid_messages_across_hosts_that_are_not_directly_co
         with lock:
             assert received["c"] == [b"signed: verdict 1"]  # relayed by a; the invalid one stopped
             assert received["a"] == [b"signed: verdict 1"]
+
+
+def test_served_payloads_are_kept_in_memory_within_their_byte_bound_and_not_found_is_not(tmp_path: Path) -> None:
+    calls: list[int] = []
+    store: dict[int, bytes] = {7: PAYLOADS[7], 8: b"y" * 30_000}
+
+    def provider(inference_id: int) -> bytes | None:
+        calls.append(inference_id)
+        return store.get(inference_id)
+
+    with P2PHost(tmp_path / "a.key") as a, P2PHost(tmp_path / "b.key", provider=provider, cache_bytes=40_000) as b:
+        addr = full_addr(b)
+        for _ in range(3):
+            assert a.fetch_payload_blocking(addr, 7) == PAYLOADS[7]
+        assert calls == [7], "a quorum's later fetches are answered from memory"
+        with pytest.raises(PayloadNotFound):
+            a.fetch_payload_blocking(addr, 9)
+        store[9] = b"z" * 100  # stored after the first ask: "not found" was not kept
+        assert a.fetch_payload_blocking(addr, 9) == b"z" * 100
+        assert a.fetch_payload_blocking(addr, 8) == store[8]  # 21,000 + 100 + 30,000 > 40,000: 7 is dropped
+        assert a.fetch_payload_blocking(addr, 7) == PAYLOADS[7]
+        assert calls == [7, 9, 9, 8, 7]
+        assert b._cached <= 40_000
