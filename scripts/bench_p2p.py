@@ -1,8 +1,11 @@
 """Payload fetch over libp2p (Noise, /verinfer/payload/1) vs HTTP (aiohttp) on loopback.
 
 Payloads are real executer payload JSON for synthetic 256- and 4096-token artifacts (K = 5, the
-SmolLM2 vocabulary). Latency is the median of N sequential fetches on a warm connection; throughput
-is MB/s of payload bytes. Prints a table and writes JSON (default bench-results/bench_p2p.json).
+SmolLM2 vocabulary). Latency is the median of N sequential fetches on a warm connection, from the
+asyncio loop as the daemon fetches; throughput is MB/s of payload bytes. The "libp2p" rows serve from
+a host in the same process (two trio threads sharing one GIL); the "another process" row serves from
+a separate process, as a real peer does. Prints a table and writes JSON (default
+bench-results/bench_p2p.json).
 Usage: python scripts/bench_p2p.py [--fetches 50] [--out FILE]
 """
 
@@ -14,6 +17,8 @@ import base64
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -88,6 +93,18 @@ async def run(fetches: int) -> dict[str, dict[str, float]]:
                 median = statistics.median(times)
                 results[f"{name} {tokens} tokens"] = {"bytes": len(body), "median_ms": median * 1e3,
                                                       "mb_per_s": len(body) / median / 1e6}
+        other = subprocess.Popen([sys.executable, __file__, "--serve", tmp], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert other.stdout is not None
+            other_addr = other.stdout.readline().strip()
+            await client.fetch_payload(other_addr, 256)
+            times = await time_p2p(client, other_addr, 256, fetches)
+            median = statistics.median(times)
+            results["libp2p 256 tokens, server in another process"] = {
+                "bytes": len(payloads[256]), "median_ms": median * 1e3, "mb_per_s": len(payloads[256]) / median / 1e6}
+        finally:
+            other.kill()
         fresh = P2PHost(Path(tmp) / "f.key").start()
         start = time.perf_counter()
         await fresh.fetch_payload(addr, 256)
@@ -100,11 +117,22 @@ async def run(fetches: int) -> dict[str, dict[str, float]]:
     return results
 
 
+def serve(key_dir: str) -> None:
+    """Serve the 256-token payload from this process until stdin closes; print the address first."""
+    with P2PHost(Path(key_dir) / "o.key", {256: payload_bytes(256)}.get) as host:
+        print(host.addrs[0] if "/p2p/" in host.addrs[0] else f"{host.addrs[0]}/p2p/{host.peer_id}", flush=True)
+        sys.stdin.read()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fetches", type=int, default=50)
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench_p2p.json"))
+    parser.add_argument("--serve", metavar="KEY_DIR", help=argparse.SUPPRESS)  # the other process's role
     args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
     results = asyncio.run(run(args.fetches))
     table = Table(title=f"payload fetch on loopback, median of {args.fetches}")
     for column in ("transport / payload", "bytes", "latency", "throughput"):

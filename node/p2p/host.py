@@ -21,7 +21,8 @@ committed on chain, so a kept one is never stale; "not found" is never kept. A v
 raises or takes longer than `validate_budget` rejects that one message; a handler that raises
 drops that one message; neither ends the pubsub task. They must be thread-safe.
 
-asyncio → trio: `trio.from_thread.run` (with the host's trio token) inside `asyncio.to_thread`.
+asyncio → trio: the fetch runs as a trio system task started with the host's trio token, and hands
+its outcome to the asyncio loop with call_soon_threadsafe (no thread hop between the loops).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import multiaddr
+import outcome
 import trio
 from libp2p import new_host
 from libp2p.crypto.secp256k1 import create_new_key_pair
@@ -485,22 +487,52 @@ class P2PHost:
 
     def fetch_payload_blocking(self, addr: str, inference_id: int) -> bytes:
         """Fetch a payload from a peer (call from a non-trio thread)."""
+        return bytes(trio.from_thread.run(self._fetch_typed, addr, inference_id, trio_token=self._token))
+
+    async def fetch_payload(self, addr: str, inference_id: int) -> bytes:
+        """Fetch a payload from a peer (from the asyncio loop): a trio task, answered on the asyncio loop.
+
+        No thread between the loops: asyncio.to_thread + trio.from_thread.run cost ≈ 0.6 ms a fetch
+        (measured, server in another process: 2.1–2.4 ms against 1.5–1.6 ms inside trio).
+        """
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bytes] = loop.create_future()
+
+        def settle(result: outcome.Outcome[bytes]) -> None:  # on the asyncio loop
+            if not answer.done():
+                try:
+                    answer.set_result(result.unwrap())
+                except BaseException as exc:  # the fetch's own typed error, or the trio run ending
+                    answer.set_exception(exc if isinstance(exc, Exception) else PeerUnavailable(
+                        f"the p2p host stopped during the fetch ({type(exc).__name__})", Reason.OK))
+
+        async def fetch() -> None:  # a trio system task: it must not raise
+            result = await outcome.acapture(self._fetch_typed, addr, inference_id)
+            try:
+                loop.call_soon_threadsafe(settle, result)
+            except RuntimeError:  # the asyncio loop closed meanwhile: nobody waits for the answer
+                pass
+
+        try:
+            self._token.run_sync_soon(trio.lowlevel.spawn_system_task, fetch)
+        except (trio.RunFinishedError, AttributeError) as exc:  # the host is not running
+            raise PeerUnavailable(f"the p2p host is not running: {exc}", Reason.OK) from exc
+        return await answer
+
+    async def _fetch_typed(self, addr: str, inference_id: int) -> bytes:
+        """Fetch a payload, with every failure as PayloadNotFound, BadPeerAnswer or PeerUnavailable."""
         request = PayloadRequest(inference_id=inference_id)  # our own ids come from the chain: uint256
         peer = addr.rsplit("/p2p/", 1)[-1]
         if self.scores.get(peer, 0) <= SCORE_FLOOR:
             raise PeerUnavailable(f"peer {peer} was dropped for serving bad data", Reason.OK)
         try:
-            return bytes(trio.from_thread.run(self._fetch, addr, request, trio_token=self._token))
+            return await self._fetch(addr, request)
         except (trio.TooSlowError, OSError, EOFError) as exc:
             raise PeerUnavailable(f"{peer}: {type(exc).__name__}: {exc}", Reason.OK) from exc
         except (PayloadNotFound, BadPeerAnswer):
             raise
         except Exception as exc:  # libp2p's own errors (dial, negotiation): the peer is unavailable
             raise PeerUnavailable(f"{peer}: {type(exc).__name__}: {exc}", Reason.OK) from exc
-
-    async def fetch_payload(self, addr: str, inference_id: int) -> bytes:
-        """Fetch a payload from a peer (from the asyncio loop)."""
-        return await asyncio.to_thread(self.fetch_payload_blocking, addr, inference_id)
 
     def score_down(self, addr: str) -> int:
         """Lower a peer's score after bad data; return the new score (dropped at or under the floor)."""

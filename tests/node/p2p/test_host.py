@@ -128,3 +128,21 @@ def test_served_payloads_are_kept_in_memory_within_their_byte_bound_and_not_foun
         assert a.fetch_payload_blocking(addr, 7) == PAYLOADS[7]
         assert calls == [7, 9, 9, 8, 7]
         assert b._cached <= 40_000
+
+
+def test_the_asyncio_bridge_hands_on_typed_errors_and_a_stopped_host_is_unavailable(tmp_path: Path) -> None:
+    a = P2PHost(tmp_path / "a.key").start()
+    with P2PHost(tmp_path / "b.key", provider=PAYLOADS.get) as b:
+        addr = full_addr(b)
+
+        async def ask(iid: int) -> bytes:
+            return await a.fetch_payload(addr, iid)
+
+        assert asyncio.run(ask(7)) == PAYLOADS[7]
+        with pytest.raises(PayloadNotFound):
+            asyncio.run(ask(9))
+    with pytest.raises(PeerUnavailable):  # the serving host is gone
+        asyncio.run(ask(7))
+    a.stop()
+    with pytest.raises(PeerUnavailable):  # our own host is stopped: typed, not a hang
+        asyncio.run(asyncio.wait_for(ask(7), 10))
