@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from node.engines.base import Engine, GenerationRequest
+from node.engines.compiled_fingerprint import compute_interpolation_compiled
 from node.engines.compiled_sampler import sample_position_compiled
 from node.engines.models import get_model_spec, materialise_model
 from node.engines.tokenizer import ModelTokenizer
@@ -137,7 +138,8 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
         return art.root + encode_artifact_wire(art)
 
     artifact_s, _ = timed(artifact, repeats)
-    fingerprint_s, _ = timed(lambda: build_fingerprint(gen.hidden, len(prompt)), repeats)
+    fingerprint_s, _ = timed(lambda: build_fingerprint(gen.hidden, len(prompt), compute_interpolation_compiled),
+                             repeats)
     rows = pre.logits[: min(64, n)]
     sampler_s, _ = timed(lambda: [sample_position_compiled(r, params, 5, 12345) for r in rows], repeats)
     sampler_per_token = sampler_s / len(rows)

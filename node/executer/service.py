@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from node.checks.fingerprint import FingerprintDecision, FingerprintThresholds, decide_fingerprint
 from node.checks.projection import select_projection_rows
 from node.engines.base import Engine, Generation, GenerationRequest
+from node.engines.compiled_fingerprint import compute_interpolation_compiled
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
 from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash, encode_artifact_wire
@@ -155,7 +156,7 @@ class ExecuterService:
         """Return the fingerprint pieces of a generation in this executer's kind (their concatenation is the blob)."""
         config = self.files.spec.projection
         if self.fingerprint_kind != KIND_PROJECTION or config is None:
-            return build_fingerprint(gen.hidden, prompt_rows)
+            return build_fingerprint(gen.hidden, prompt_rows, compute_interpolation_compiled)
         recorded = getattr(getattr(self.engine, "options", None), "record_layers", ())
         rows = select_projection_rows(gen.hidden, gen.layers, tuple(recorded), config.spec(), prompt_rows)
         return split_pieces(build_projection_blob(rows, config.spec(), projection_seed))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -94,7 +94,8 @@ def find_injective_modulus(indices: np.ndarray) -> int:
 
 
 @lru_cache(maxsize=1)
-def _inverse_table() -> np.ndarray:
+def compute_inverse_table() -> np.ndarray:
+    """Return a[i] = i^-1 mod 65497 for every i (a[0] = 0, never used: the x are distinct)."""
     a = np.arange(PRIME, dtype=np.int64)
     result, base, e = np.ones_like(a), a.copy(), PRIME - 2
     while e:
@@ -109,7 +110,7 @@ def compute_interpolation(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Return ascending coefficients of the polynomial through (x, y) over GF(65497), row-wise."""
     x = xs.astype(np.int64) % PRIME
     dd = ys.astype(np.int64) % PRIME
-    inv = _inverse_table()
+    inv = compute_inverse_table()
     n = x.shape[1]
     for k in range(1, n):
         dd[:, k:] = (dd[:, k:] - dd[:, k - 1:-1]) % PRIME * inv[(x[:, k:] - x[:, :-k]) % PRIME] % PRIME
@@ -141,8 +142,15 @@ def _chunk_bits(hidden: np.ndarray, prompt_rows: int) -> list[np.ndarray]:
     return [bits[s:e].reshape(-1) for s, e in compute_chunk_bounds(prompt_rows, rows.shape[0])]
 
 
-def build_fingerprint(hidden: np.ndarray, prompt_rows: int) -> list[bytes]:
-    """Return the 258-byte proof chunks for hidden states (float32 values or bf16 bits, rows × hidden)."""
+Interpolate = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def build_fingerprint(hidden: np.ndarray, prompt_rows: int,
+                      interpolate: Interpolate = compute_interpolation) -> list[bytes]:
+    """Return the 258-byte proof chunks for hidden states (float32 values or bf16 bits, rows × hidden).
+
+    ``interpolate`` is ``compute_interpolation`` or an equal (an executer's compiled one, tested so).
+    """
     chunks = _chunk_bits(hidden, prompt_rows)
     xs, ys, moduli = [], [], []
     for bits in chunks:
@@ -151,7 +159,7 @@ def build_fingerprint(hidden: np.ndarray, prompt_rows: int) -> list[bytes]:
         xs.append(idx % m)
         ys.append(bits[idx])
         moduli.append(m)
-    coeffs = compute_interpolation(np.array(xs), np.array(ys))
+    coeffs = interpolate(np.array(xs), np.array(ys))
     return [np.concatenate([[m], c]).astype(">u2").tobytes() for m, c in zip(moduli, coeffs, strict=True)]
 
 
