@@ -15,6 +15,7 @@ numba (already a vLLM dependency) compiles them on first use and caches the mach
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -117,13 +118,9 @@ def sample_position_compiled(logits: Any, params: SamplingParams, k: int, v: int
     """Return ``sample_position(logits, params, k, v)``, compiled where nothing is masked."""
     plain = isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.ndim == 1
     x = logits if plain and 0 < logits.size <= MAX_VOCAB else to_float32_array(logits)
-    n = x.size
     top = x.max()  # to_float32_array's finiteness check, with the max kept for the softmax
-    unmasked = params.temperature > 0.0 and params.top_p == 1.0 and (params.top_k == 0 or params.top_k >= n)
-    if _KERNELS is None or not unmasked or not (1 <= k <= min(MAX_K, n) and 0 <= v <= WEIGHT_MAX) \
-            or not (np.isfinite(top) and np.isfinite(x.min())):
+    if not _is_compiled_case(x.size, params, k, v) or not (np.isfinite(top) and np.isfinite(x.min())):
         return sample_position(x, params, k, v)  # the reference, with its typed errors
-    scan, walk = _KERNELS
     if params.temperature == 1.0:  # the reference's steps, in the same order
         probs = np.subtract(x, top)
         np.exp(probs, out=probs)
@@ -133,6 +130,43 @@ def sample_position_compiled(logits: Any, params: SamplingParams, k: int, v: int
     else:
         probs = compute_tempered_probs(x, params.temperature)
         log_total = np.log(np.exp(x - top).sum(dtype=np.float32))
+    return _walk_row(x, top, probs, log_total, params, k, v)
+
+
+def sample_positions_compiled(logits: np.ndarray, requests: Sequence[tuple[SamplingParams, int, int]]
+                              ) -> list[PositionSample]:
+    """Return ``sample_position_compiled`` of each row of (rows, vocab) logits with its (params, K, v).
+
+    Rows at T = 1 with nothing masked share their softmax's numpy calls (row-wise reductions, the same
+    bits as one row at a time: tested); anything else goes row by row.
+    """
+    x = logits
+    batched = _KERNELS is not None and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 \
+        and len(requests) == x.shape[0] > 1 and 0 < x.shape[1] <= MAX_VOCAB \
+        and all(p.temperature == 1.0 and _is_compiled_case(x.shape[1], p, k, v) for p, k, v in requests)
+    top = x.max(axis=1) if batched else None
+    if top is None or not (np.isfinite(top).all() and np.isfinite(x.min(axis=1)).all()):
+        return [sample_position_compiled(row, p, k, v) for row, (p, k, v) in zip(x, requests, strict=True)]
+    probs = np.subtract(x, top[:, None])
+    np.exp(probs, out=probs)
+    totals32 = probs.sum(axis=1, dtype=np.float32)
+    probs /= totals32[:, None]
+    return [_walk_row(x[b], top[b], probs[b], np.log(totals32[b]), p, k, v)
+            for b, (p, k, v) in enumerate(requests)]
+
+
+def _is_compiled_case(n: int, params: SamplingParams, k: int, v: int) -> bool:
+    """Return whether the kernels exist and take this step: T > 0, nothing masked, K and v in range."""
+    unmasked = params.temperature > 0.0 and params.top_p == 1.0 and (params.top_k == 0 or params.top_k >= n)
+    return _KERNELS is not None and unmasked and 1 <= k <= min(MAX_K, n) and 0 <= v <= WEIGHT_MAX
+
+
+def _walk_row(x: np.ndarray, top: Any, probs: np.ndarray, log_total: Any, params: SamplingParams, k: int,
+              v: int) -> PositionSample:
+    """Return the position's sample from its softmax: the compiled scan and walk, the reference past 8,192."""
+    assert _KERNELS is not None
+    scan, walk = _KERNELS
+    n = x.size
     bits = probs.view(np.uint32)
     ids, sums = scan(bits, max(k, _LEADING))
     total = math.fsum(sums.tolist())

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
-from node.engines.compiled_sampler import sample_position_compiled
+from node.engines.compiled_sampler import sample_positions_compiled
 from node.errors import InvalidParams, Reason
 from node.protocol.sampler import PositionSample
 from node.protocol.seed import compute_sampler_uniforms
@@ -208,11 +208,12 @@ class TransformersEngine(Engine):
         """Sample position `step` of every unfinished row; return the ids to feed next."""
         next_ids = [0] * len(rows)
         cpu_logits = logits.detach().cpu().float().numpy()  # one conversion for the batch, not one a row
-        for b, row in enumerate(rows):
-            if row.finish is not None:
-                continue
-            r = row.request
-            sample = sample_position_compiled(cpu_logits[b], r.params, r.k, int(row.uniforms[step]))
+        active = [b for b, row in enumerate(rows) if row.finish is None]
+        batch = cpu_logits if len(active) == len(rows) else cpu_logits[active]
+        samples = sample_positions_compiled(batch, [(rows[b].request.params, rows[b].request.k,
+                                                     int(rows[b].uniforms[step])) for b in active])
+        for b, sample in zip(active, samples, strict=True):
+            row, r = rows[b], rows[b].request
             row.samples.append(sample)
             next_ids[b] = sample.chosen
             if sample.chosen in r.stop_ids:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from node.engines import compiled_sampler
-from node.engines.compiled_sampler import sample_position_compiled
+from node.engines.compiled_sampler import sample_position_compiled, sample_positions_compiled
 from node.errors import InvalidParams
 from node.protocol.sampler import WEIGHT_MAX, SamplingParams, compute_sampling_distribution, sample_position
 from tests.node.protocol.test_sampler_identity import SETTINGS, edge_row, smollm2_like, v_values
@@ -88,3 +88,30 @@ def test_takes_torch_rows_and_refuses_bad_input_like_the_reference():
         with pytest.raises(InvalidParams) as want:
             sample_position(args[0], SamplingParams(1.0), args[1], args[2])
         assert got.value.reason == want.value.reason
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_of_rows_equals_sample_position_row_by_row(seed):
+    # 8 SmolLM2-shaped rows at T = 1 share the softmax's calls; v's inside and past the leading tokens
+    rng = np.random.default_rng(4000 + seed)
+    for _ in range(6):
+        x = np.stack([smollm2_like(rng) for _ in range(8)])
+        requests = [(SamplingParams(1.0), int(rng.choice([1, 5, 64])), int(rng.integers(0, 2**32)))
+                    for _ in range(8)]
+        requests[0] = (SamplingParams(1.0), 5, WEIGHT_MAX)  # the walk runs out: the reference's full order
+        want = [sample_position(row, p, k, v) for row, (p, k, v) in zip(x, requests, strict=True)]
+        assert sample_positions_compiled(x, requests) == want
+        mixed = [requests[0], (SamplingParams(0.7, 0.9, 0), 5, 7), *requests[2:]]  # one masked row: row by row
+        assert sample_positions_compiled(x, mixed) == [sample_position(row, p, k, v)
+                                                       for row, (p, k, v) in zip(x, mixed, strict=True)]
+
+
+def test_a_batch_with_a_bad_row_raises_the_references_error():
+    rng = np.random.default_rng(8)
+    x = np.stack([smollm2_like(rng) for _ in range(3)])
+    x[1, 9] = np.inf
+    with pytest.raises(InvalidParams) as got:
+        sample_positions_compiled(x, [(SamplingParams(1.0), 5, 1)] * 3)
+    with pytest.raises(InvalidParams) as want:
+        sample_position(x[1], SamplingParams(1.0), 5, 1)
+    assert got.value.reason == want.value.reason
