@@ -27,12 +27,12 @@ from node.protocol.sampler import (
     WEIGHT_ONE,
     PositionSample,
     SamplingParams,
-    compute_tempered_probs,
+    compute_probs_and_log_total,
     sample_position,
     to_float32_array,
 )
 
-# bins of a probability's bits >> 19: sign, exponent and 3 leading mantissa bits (8 bins an octave)
+# a bin is an eighth of an octave: a probability's bits >> 20 (sign, exponent, 3 leading mantissa bits)
 _BIN_SHIFT = 20
 
 
@@ -121,15 +121,7 @@ def sample_position_compiled(logits: Any, params: SamplingParams, k: int, v: int
     top = x.max()  # to_float32_array's finiteness check, with the max kept for the softmax
     if not _is_compiled_case(x.size, params, k, v) or not (np.isfinite(top) and np.isfinite(x.min())):
         return sample_position(x, params, k, v)  # the reference, with its typed errors
-    if params.temperature == 1.0:  # the reference's steps, in the same order
-        probs = np.subtract(x, top)
-        np.exp(probs, out=probs)
-        total32 = probs.sum(dtype=np.float32)
-        log_total = np.log(total32)
-        probs /= total32
-    else:
-        probs = compute_tempered_probs(x, params.temperature)
-        log_total = np.log(np.exp(x - top).sum(dtype=np.float32))
+    probs, log_total = compute_probs_and_log_total(x, top, params.temperature)
     return _walk_row(x, top, probs, log_total, params, k, v)
 
 
@@ -137,8 +129,8 @@ def sample_positions_compiled(logits: np.ndarray, requests: Sequence[tuple[Sampl
                               ) -> list[PositionSample]:
     """Return ``sample_position_compiled`` of each row of (rows, vocab) logits with its (params, K, v).
 
-    Rows at T = 1 with nothing masked share their softmax's numpy calls (row-wise reductions, the same
-    bits as one row at a time: tested); anything else goes row by row.
+    Rows at T = 1 with nothing masked share compute_probs_and_log_total's numpy calls (row-wise reductions,
+    the same bits as one row at a time: tested); anything else goes row by row.
     """
     x = logits
     batched = _KERNELS is not None and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 \

@@ -290,40 +290,36 @@ def sample_position(logits: Any, params: SamplingParams, k: int, v: int) -> Posi
     """
     x = to_float32_array(logits)
     top = x.max()
-    if params.temperature == 1.0:  # logits / 1 is exact: the tempered exp is the raw one, made in place
-        probs = np.subtract(x, top)  # compute_raw_logprobs's z; only its candidates' and chosen entries are read again
-        np.exp(probs, out=probs)
-        total32 = probs.sum(dtype=np.float32)
-        log_total = np.log(total32)
-        probs /= total32
-        _check_k_and_v(k, v, x.size)
-        ids, weights, chosen = _walk_tempered(probs, params, k, v)
-        return _position_sample(chosen, ids, weights, x[ids] - top - log_total, x[chosen] - top - log_total)
-    centred = x - top  # compute_raw_logprobs's z
     if params.temperature == 0.0:
-        log_total = np.log(np.exp(centred).sum(dtype=np.float32))
+        log_total = np.log(np.exp(x - top).sum(dtype=np.float32))
         _check_k_and_v(k, v, x.size)
         ids = _leading_order(compute_descending_keys(x), k)[:k]
         chosen = int(ids[0])  # the greedy weight 2^32 - 1 holds every v (v = 2^32 - 1 exhausts: the top token)
         weights = np.zeros(k, dtype=np.uint64)
         weights[0] = WEIGHT_MAX
     else:
-        probs = compute_tempered_probs(x, params.temperature)
-        log_total = np.log(np.exp(centred).sum(dtype=np.float32))
+        probs, log_total = compute_probs_and_log_total(x, top, params.temperature)
         _check_k_and_v(k, v, x.size)
         ids, weights, chosen = _walk_tempered(probs, params, k, v)
-    return _position_sample(chosen, ids, weights, centred[ids] - log_total, centred[chosen] - log_total)
-
-
-def _position_sample(chosen: int, ids: np.ndarray, weights: np.ndarray, raw: np.ndarray,
-                     chosen_raw: np.floating[Any]) -> PositionSample:
+    # x[i] - top is compute_raw_logprobs's z[i], rounded the same
     return PositionSample(
         chosen=chosen,
         token_ids=tuple(int(t) for t in ids),
         weights=tuple(int(w) for w in weights),
-        raw_logprobs=tuple(float(lp) for lp in raw),
-        chosen_raw_logprob=float(chosen_raw),
+        raw_logprobs=tuple(float(lp) for lp in x[ids] - top - log_total),
+        chosen_raw_logprob=float(x[chosen] - top - log_total),
     )
+
+
+def compute_probs_and_log_total(x: np.ndarray, top: np.float32, temperature: float) -> tuple[np.ndarray, np.float32]:
+    """Return softmax(x / T) as compute_tempered_probs does, and the log of the T = 1 softmax's denominator."""
+    if temperature == 1.0:  # x / 1 is exact: the tempered exp is the raw one, made once and in place
+        probs = np.subtract(x, top)
+        np.exp(probs, out=probs)
+        total32 = probs.sum(dtype=np.float32)
+        probs /= total32
+        return probs, np.log(total32)
+    return compute_tempered_probs(x, temperature), np.log(np.exp(x - top).sum(dtype=np.float32))
 
 
 
