@@ -137,9 +137,12 @@ def bench_backend(engine: Engine, model_id: bytes, prompt: tuple[int, ...], toke
         art = Artifact(header, positions_from_samples(gen.samples, 5))
         return art.root + encode_artifact_wire(art)
 
+    def fingerprint() -> object:
+        return build_fingerprint(gen.hidden, len(prompt), compute_interpolation_compiled)
+
+    artifact(), fingerprint()  # warm: a serving executer loaded the compiled code long ago
     artifact_s, _ = timed(artifact, repeats)
-    fingerprint_s, _ = timed(lambda: build_fingerprint(gen.hidden, len(prompt), compute_interpolation_compiled),
-                             repeats)
+    fingerprint_s, _ = timed(fingerprint, repeats)
     rows = pre.logits[: min(64, n)]
     sampler_s, _ = timed(lambda: [sample_position_compiled(r, params, 5, 12345) for r in rows], repeats)
     sampler_per_token = sampler_s / len(rows)

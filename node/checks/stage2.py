@@ -217,29 +217,48 @@ def compute_own_candidate_weights(params: SamplingParams, positions: Positions, 
     x = np.asarray(logits[:n], dtype=np.float32)
     if x.shape[0] != n:
         raise ValueError(f"{x.shape[0]} logits rows for {n} positions")
-    if not np.isfinite(x).all():
-        raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
-    rows = np.arange(n)[:, None]
     if n == 0:
         empty: np.ndarray = positions.weights.astype(np.int64)
         return empty
     if params.temperature == 0.0:
+        if not np.isfinite(x).all():
+            raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
         top = np.argmax(x + np.float32(0.0), axis=1)  # first maximum: ties go to the lower id
         own: np.ndarray = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0).astype(np.int64)
         return own
     if params.top_k == 0 and params.top_p >= 1.0:
-        z = x / np.float32(params.temperature)  # the same float32 steps as compute_tempered_probs, in place
-        if not np.isfinite(z).all():
-            raise InvalidParams(f"logits / {params.temperature} overflow float32", Reason.NON_FINITE_LOGITS)
-        z -= z.max(axis=1, keepdims=True)
-        np.exp(z, out=z)
-        np.divide(z, z.sum(axis=1, dtype=np.float32, keepdims=True), out=z)
-        total = z.sum(axis=1, dtype=np.float64, keepdims=True)
-        p = z[rows, positions.token_ids].astype(np.float64)
-        unmasked: np.ndarray = np.minimum(np.floor(p * float(WEIGHT_ONE) / total), float(WEIGHT_MAX)).astype(np.int64)
+        unmasked = np.empty(positions.token_ids.shape, dtype=np.int64)
+        scratch = np.empty((min(n, _BLOCK_ROWS), x.shape[1]), dtype=np.float32)
+        for start in range(0, n, _BLOCK_ROWS):  # blocks of rows that stay in cache through the six passes
+            block = slice(start, min(start + _BLOCK_ROWS, n))
+            unmasked[block] = _compute_unmasked_weights(x[block], positions.token_ids[block], params.temperature,
+                                                        scratch[: block.stop - block.start])
         return unmasked
+    if not np.isfinite(x).all():
+        raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
     return np.stack([compute_own_weights(compute_tempered_probs(x[i], params.temperature) + np.float32(0.0),
                                          params)[0][positions.token_ids[i]] for i in range(n)]).astype(np.int64)
+
+
+_BLOCK_ROWS = 16  # 16 rows of a 49,152-token vocabulary: 3 MB
+
+
+def _compute_unmasked_weights(x: np.ndarray, token_ids: np.ndarray, temperature: float,
+                              z: np.ndarray) -> np.ndarray:
+    """Return the integer weights of token_ids in rows x, nothing masked; z is scratch of x's shape."""
+    tempered = x if temperature == 1.0 else np.divide(x, np.float32(temperature), out=z)  # as compute_tempered_probs
+    top = tempered.max(axis=1, keepdims=True)
+    if not (np.isfinite(top).all() and np.isfinite(tempered.min())):  # NaN propagates through both
+        if np.isfinite(x).all():
+            raise InvalidParams(f"logits / {temperature} overflow float32", Reason.NON_FINITE_LOGITS)
+        raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
+    np.subtract(tempered, top, out=z)
+    np.exp(z, out=z)
+    np.divide(z, z.sum(axis=1, dtype=np.float32, keepdims=True), out=z)
+    total = z.sum(axis=1, dtype=np.float64, keepdims=True)
+    p = np.take_along_axis(z, token_ids, axis=1).astype(np.float64)
+    weights: np.ndarray = np.minimum(np.floor(p * float(WEIGHT_ONE) / total), float(WEIGHT_MAX)).astype(np.int64)
+    return weights
 
 
 def compute_weight_errors(positions: Positions, own: np.ndarray) -> np.ndarray:

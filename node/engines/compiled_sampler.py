@@ -15,6 +15,7 @@ numba (already a vLLM dependency) compiles them on first use and caches the mach
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,28 +33,36 @@ from node.protocol.sampler import (
     to_float32_array,
 )
 
-# a bin is an eighth of an octave: a probability's bits >> 20 (sign, exponent, 3 leading mantissa bits)
-_BIN_SHIFT = 20
+_EXPONENT_SHIFT = 23  # a float32's bits >> 23: its sign and exponent (512 bins)
+_LANES = 4
 
 
-def _scan_kernel(bits: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """Return (the first min(m, n) ids by descending bits, ties lower id; the non-zero float64 sums per
-    sign and exponent, each exact: fewer than 2^20 multiples of one power of two below 2^24 of it)."""
+def _bucket_kernel(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """Return (the float64 sum, the count) of the values per sign and exponent; each sum is exact: fewer
+    than 2^20 multiples of one power of two, each below 2^24 of it, in any order."""
     n = bits.size
     values = bits.view(np.float32)
-    # two lanes, so that neighbouring tokens of one exponent do not wait on each other's store
-    sums, odd = np.zeros(512, dtype=np.float64), np.zeros(512, dtype=np.float64)
-    for i in range(0, n - 1, 2):
-        sums[bits[i] >> 23] += np.float64(values[i])
-        odd[bits[i + 1] >> 23] += np.float64(values[i + 1])
-    if n & 1:
-        sums[bits[n - 1] >> 23] += np.float64(values[n - 1])
-    sums += odd  # still exact: both are multiples of the bin's unit below 2^44 of it
-    counts = np.zeros(1 << (32 - _BIN_SHIFT), dtype=np.int32)
-    for i in range(n):
-        counts[bits[i] >> _BIN_SHIFT] += 1
-    # the least bin whose tokens and all above number at least m: every leading id lies at or above it
+    # four lanes, so that neighbouring tokens of one exponent do not wait on each other's store
+    sums = np.zeros((_LANES, 512), dtype=np.float64)
+    counts = np.zeros((_LANES, 512), dtype=np.int32)
+    whole = n - n % _LANES
+    for i in range(0, whole, _LANES):
+        for lane in range(_LANES):
+            e = bits[i + lane] >> _EXPONENT_SHIFT
+            sums[lane, e] += np.float64(values[i + lane])
+            counts[lane, e] += 1
+    for i in range(whole, n):
+        e = bits[i] >> _EXPONENT_SHIFT
+        sums[0, e] += np.float64(values[i])
+        counts[0, e] += 1
+    return sums.sum(axis=0), counts.sum(axis=0).astype(np.int64)  # still exact: multiples of each bin's unit
+
+
+def _leading_kernel(bits: np.ndarray, counts: np.ndarray, m: int) -> np.ndarray:  # pragma: no cover - compiled
+    """Return the first min(m, n) ids by descending bits, ties lower id, given the counts per exponent."""
+    n = bits.size
     need = min(m, n)
+    # the least exponent whose values and all above number at least `need`: every leading id lies at or above it
     seen = 0
     low = counts.size - 1
     while low > 0:
@@ -63,7 +72,7 @@ def _scan_kernel(bits: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:  # 
         low -= 1
     if low == 0:
         seen = n
-    threshold = np.uint32(low << _BIN_SHIFT)
+    threshold = np.uint32(low << _EXPONENT_SHIFT)
     keys = np.empty(seen, dtype=np.uint64)
     j = 0
     for i in range(n):
@@ -71,11 +80,19 @@ def _scan_kernel(bits: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:  # 
         if b >= threshold:
             keys[j] = (np.uint64(np.uint32(0xFFFFFFFF) - b) << np.uint64(32)) | np.uint64(i)
             j += 1
+    if seen > 2 * need:  # a crowded octave: select the leading keys before sorting them
+        keys = np.partition(keys, need - 1)[:need]
     keys.sort()
     ids = np.empty(need, dtype=np.int64)
     for t in range(need):
         ids[t] = np.int64(keys[t] & np.uint64(0xFFFFFFFF))
-    return ids, sums[sums != 0]
+    return ids
+
+
+def _scan_kernel(bits: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Return (the leading min(m, n) ids, the non-zero exact sums per exponent, the counts per exponent)."""
+    sums, counts = _bucket_kernel(bits)
+    return _leading_kernel(bits, counts, m), sums[sums != 0], counts
 
 
 _ONE = float(WEIGHT_ONE)
@@ -100,26 +117,30 @@ def _walk_kernel(probs: np.ndarray, ids: np.ndarray, total: float, v: int,
     return hit, weights
 
 
-def _compile() -> tuple[Any, Any] | None:
+def _compile() -> tuple[Any, Any, Any] | None:
+    """Return the compiled (scan, leading, walk) kernels, or None without numba."""
+    global _bucket_kernel, _leading_kernel
     try:
         from numba import njit
     except ImportError:  # pragma: no cover - numba is a dependency; kept usable without it
         return None
     jit = njit(cache=True, nogil=True)
-    return jit(_scan_kernel), jit(_walk_kernel)
+    _bucket_kernel, _leading_kernel = jit(_bucket_kernel), jit(_leading_kernel)  # the scan calls them compiled
+    return jit(_scan_kernel), _leading_kernel, jit(_walk_kernel)
 
 
 _KERNELS = _compile()
 _LEADING = 256  # as the protocol's first prefix: the walk stays within it about 24 steps in 25
 _WIDER = (1024, 8192)
+_SCRATCH = threading.local()
 
 
 def sample_position_compiled(logits: Any, params: SamplingParams, k: int, v: int) -> PositionSample:
     """Return ``sample_position(logits, params, k, v)``, compiled where nothing is masked."""
     plain = isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.ndim == 1
     x = logits if plain and 0 < logits.size <= MAX_VOCAB else to_float32_array(logits)
-    top = x.max()  # to_float32_array's finiteness check, with the max kept for the softmax
-    if not _is_compiled_case(x.size, params, k, v) or not (np.isfinite(top) and np.isfinite(x.min())):
+    top = x.max()  # to_float32_array's finiteness check (-inf: see _walk_row), with the max kept for the softmax
+    if not _is_compiled_case(x.size, params, k, v) or not np.isfinite(top):
         return sample_position(x, params, k, v)  # the reference, with its typed errors
     probs, log_total = compute_probs_and_log_total(x, top, params.temperature)
     return _walk_row(x, top, probs, log_total, params, k, v)
@@ -137,14 +158,22 @@ def sample_positions_compiled(logits: np.ndarray, requests: Sequence[tuple[Sampl
         and len(requests) == x.shape[0] > 1 and 0 < x.shape[1] <= MAX_VOCAB \
         and all(p.temperature == 1.0 and _is_compiled_case(x.shape[1], p, k, v) for p, k, v in requests)
     top = x.max(axis=1) if batched else None
-    if top is None or not (np.isfinite(top).all() and np.isfinite(x.min(axis=1)).all()):
+    if top is None or not np.isfinite(top).all():  # -inf: see _walk_row
         return [sample_position_compiled(row, p, k, v) for row, (p, k, v) in zip(x, requests, strict=True)]
-    probs = np.subtract(x, top[:, None])
+    probs = np.subtract(x, top[:, None], out=_scratch(x.shape))
     np.exp(probs, out=probs)
     totals32 = probs.sum(axis=1, dtype=np.float32)
     probs /= totals32[:, None]
     return [_walk_row(x[b], top[b], probs[b], np.log(totals32[b]), p, k, v)
             for b, (p, k, v) in enumerate(requests)]
+
+
+def _scratch(shape: tuple[int, ...]) -> np.ndarray:
+    """Return this thread's float32 buffer of that shape (a fresh 1.5 MB array costs its page faults each step)."""
+    buffer: np.ndarray | None = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.shape != shape:
+        buffer = _SCRATCH.buffer = np.empty(shape, dtype=np.float32)
+    return buffer
 
 
 def _is_compiled_case(n: int, params: SamplingParams, k: int, v: int) -> bool:
@@ -157,16 +186,18 @@ def _walk_row(x: np.ndarray, top: Any, probs: np.ndarray, log_total: Any, params
               v: int) -> PositionSample:
     """Return the position's sample from its softmax: the compiled scan and walk, the reference past 8,192."""
     assert _KERNELS is not None
-    scan, walk = _KERNELS
+    scan, leading, walk = _KERNELS
     n = x.size
     bits = probs.view(np.uint32)
-    ids, sums = scan(bits, max(k, _LEADING))
+    ids, sums, counts = scan(bits, max(k, _LEADING))
+    if counts[0] and not np.isfinite(x.min()):  # a zero probability: perhaps a -inf logit, which is refused
+        return sample_position(x, params, k, v)
     total = math.fsum(sums.tolist())
     hit, weights = walk(probs, ids, total, v, k)
     for m in _WIDER:  # the walk goes past the leading tokens (1 step in 25): 1,024, then 8,192 of them
         if hit >= 0 or ids.size >= n:
             break
-        ids = scan(bits, m)[0]
+        ids = leading(bits, counts, m)
         hit, weights = walk(probs, ids, total, v, k)
     if hit < 0 and ids.size < n:  # past those too (1 step in 1,000): the reference's full order
         return sample_position(x, params, k, v)

@@ -264,3 +264,40 @@ def test_the_kept_mass_t_value_ignores_one_spike_and_sees_a_one_sided_lie():
 
     honest, lies = [t(declared, s) for s in range(30)], [t(lie, s) for s in range(30)]
     assert max(honest) < 3.0 < min(lies)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_own_candidate_weights_match_the_reference_in_every_block_of_rows(temperature):
+    # 37 rows: two full blocks of 16 and a partial one; each weight within one unit of the reference's
+    # (the hot path normalises by numpy's float64 sum, the protocol by the exact sum)
+    from node.checks.stage2 import compute_own_candidate_weights
+    from node.protocol.sampler import compute_sampling_distribution
+
+    params = SamplingParams(temperature)
+    _, positions, logits = synthetic_leaves(21, params, params, n=37, vocab=3000)
+    own = compute_own_candidate_weights(params, positions, logits)
+    for i in range(37):
+        dist = compute_sampling_distribution(logits[i], params)
+        by_id = np.zeros(logits.shape[1], dtype=np.int64)
+        by_id[dist.order] = dist.weights.astype(np.int64)
+        assert np.abs(own[i] - by_id[positions.token_ids[i]]).max() <= 1
+
+
+@pytest.mark.parametrize("row", [0, 20, 36])
+def test_own_candidate_weights_refuse_non_finite_logits_in_any_block(row):
+    from node.checks.stage2 import compute_own_candidate_weights
+    from node.errors import InvalidParams, Reason
+
+    params = SamplingParams(1.0)
+    _, positions, logits = synthetic_leaves(22, params, params, n=37)
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = logits.copy()
+        broken[row, 5] = bad
+        with pytest.raises(InvalidParams) as got:
+            compute_own_candidate_weights(params, positions, broken)
+        assert got.value.reason == Reason.NON_FINITE_LOGITS and "NaN or inf" in str(got.value)
+    huge = logits.copy()
+    huge[row, 5] = 3e38  # finite, but divided by T = 0.5 it overflows
+    with pytest.raises(InvalidParams, match="overflow") as got:
+        compute_own_candidate_weights(SamplingParams(0.5), positions, huge)
+    assert got.value.reason == Reason.NON_FINITE_LOGITS

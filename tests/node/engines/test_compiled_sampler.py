@@ -115,3 +115,30 @@ def test_a_batch_with_a_bad_row_raises_the_references_error():
     with pytest.raises(InvalidParams) as want:
         sample_position(x[1], SamplingParams(1.0), 5, 1)
     assert got.value.reason == want.value.reason
+
+
+def test_a_minus_infinity_logit_is_refused_like_the_reference():
+    # -inf softmaxes to a zero probability without tripping the max: the kernels' zero count sends it back
+    rng = np.random.default_rng(10)
+    x = np.stack([smollm2_like(rng) for _ in range(3)])
+    x[2, 40] = -np.inf
+    for call in (lambda: sample_position_compiled(x[2], SamplingParams(1.0), 5, 1),
+                 lambda: sample_positions_compiled(x, [(SamplingParams(1.0), 5, 1)] * 3)):
+        with pytest.raises(InvalidParams) as got:
+            call()
+        with pytest.raises(InvalidParams) as want:
+            sample_position(x[2], SamplingParams(1.0), 5, 1)
+        assert got.value.reason == want.value.reason
+
+
+def test_a_crowded_octave_selects_the_leading_tokens_before_sorting_them():
+    # 20,000 probabilities within one octave of each other: the leading 256 (and 1,024, 8,192) are picked
+    # out of far more candidates than they number, ties included
+    rng = np.random.default_rng(12)
+    x = rng.uniform(0.0, 0.6, 20_000).astype(np.float32)
+    x[rng.choice(20_000, 3000, replace=False)] = np.float32(0.3)
+    weights = compute_sampling_distribution(x, SamplingParams(1.0)).weights
+    for v in v_values(rng, weights, x.size):
+        for k in (1, 5, 64):
+            want = sample_position(x, SamplingParams(1.0), k, v)
+            assert sample_position_compiled(x, SamplingParams(1.0), k, v) == want
