@@ -81,6 +81,11 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
         spec = get_model_spec(name)
         files = materialise_model(spec)
         _, profile = load_profile(spec)
+        if spec.sampler != "canonical":  # a stock-sampler model: no leaves, no fingerprint, Token-DiFR (§13)
+            slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat),
+                                              TransformersEngine(files.path, name, TransformersOptions()), None,
+                                              stock=profile.stock_thresholds())
+            continue
         # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (§12)
         projection_engine = None if spec.projection is None else TransformersEngine(
             files.path, name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -47,6 +47,7 @@ MAX_ARTIFACT_BASE64_CHARS = 4 * -(-MAX_WIRE_BYTES // 3)
 MAX_PAYLOAD_BYTES = MAX_ARTIFACT_BASE64_CHARS + MAX_FINGERPRINT_CHUNKS * (CHUNK_BASE64_CHARS + 3) \
     + 6 * MAX_TEXT_CHARS + 2**20
 
+_M = TypeVar("_M", bound=BaseModel)
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 UINT256_MAX = 2**256 - 1
@@ -261,14 +262,43 @@ class InferencePayload(BaseModel):
         return _parse_request_body(value)
 
 
+class StockPayload(BaseModel):
+    """GET /v1/payloads/{inference_id} for a stock-sampler model (docs/protocol.md §13.1): the request and the
+    served tokens; no artifact and no fingerprint exist for a stock engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
+    model_id: Hex32
+    inference_id: DecimalU256
+    user_seed: DecimalU64
+    request: dict[str, Any]
+    output_ids: list[TokenId] = Field(min_length=1, max_length=MAX_OUTPUT_TOKENS)
+
+    @field_validator("request", mode="before")
+    @classmethod
+    def _parse_request(cls, value: Any) -> dict[str, Any]:
+        return _parse_request_body(value)
+
+
+def decode_stock_payload(raw: bytes | bytearray | str) -> StockPayload:
+    """Return the stock payload in raw JSON, or raise InvalidPayload (also a ValueError) saying why."""
+    return _decode_model(StockPayload, raw)
+
+
 def decode_inference_payload(raw: bytes | bytearray | str) -> InferencePayload:
     """Return the payload in raw JSON, or raise InvalidPayload (also a ValueError) saying why."""
+    return _decode_model(InferencePayload, raw)
+
+
+def _decode_model(model: type[_M], raw: bytes | bytearray | str) -> _M:
+    """Return raw JSON as `model`, or raise InvalidPayload saying why (size first, before any parsing)."""
     if not isinstance(raw, (bytes, bytearray, str)):
         raise InvalidPayload("payload must be JSON bytes", Reason.WIRE_MALFORMED)
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise InvalidPayload(f"payload of {len(raw)} bytes exceeds {MAX_PAYLOAD_BYTES}", Reason.WIRE_TOO_LARGE)
     try:
-        return InferencePayload.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "payload"

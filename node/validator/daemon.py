@@ -46,18 +46,21 @@ from chain.events import ChainEvent, CursorStore, EventStream, Reorg
 from chain.txmanager import TxFailed, TxManager
 from node.checks.decision import Stage2Thresholds
 from node.checks.projection import ProjectionThresholds
+from node.checks.stock_decision import StockThresholds
 from node.engines.base import Engine, Prefill, prefill_many
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
-from node.executer.api import InferencePayload, decode_inference_payload
+from node.executer.api import InferencePayload, StockPayload, decode_inference_payload, decode_stock_payload
 from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
 from node.protocol.projection import KIND_PROJECTION
+from node.protocol.stock import is_stock_commitment
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
+from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
 from node.validator.verify import (
     NO_BLOCK_HASH,
     ChainFacts,
@@ -88,11 +91,17 @@ class ModelSlot:
     files: ModelFiles
     tokenizer: ModelTokenizer
     engine: Engine
-    thresholds: Stage2Thresholds
+    thresholds: Stage2Thresholds | None  # None for a stock-sampler model, which `stock` judges instead
     lock: threading.Lock = field(default_factory=threading.Lock)
     projection: ProjectionThresholds | None = None  # kind-1 fingerprints: the profile's [projection]
     projection_engine: Engine | None = None  # kind-1: the model at its registered dtype, recording the layers
     batcher: PrefillBatcher | None = None  # created by the daemon, in its event loop
+    stock: StockThresholds | None = None  # a stock-sampler model (docs/protocol.md §13): its payload has no artifact
+
+    def __post_init__(self) -> None:
+        if (self.stock is None) == (self.thresholds is None):
+            raise FatalError(f"{self.files.spec.name}: a model slot has either stage-2 or stock thresholds",
+                             Reason.UNKNOWN_SAMPLER)
 
 
 class Metrics:
@@ -537,13 +546,23 @@ class ValidatorNode:
             self.metrics.skipped.labels(why).inc()
             self._forget(iid, why)
             return None
-        payload, reason = await self._fetch(session, job)
+        slot = self.models[facts.model_id]
+        if slot.stock is not None and not is_stock_commitment(facts.artifact_root, facts.fingerprint_hash):
+            # a stock-sampler model's commitment is fixed (§13.1): no payload can match another, none is fetched
+            payload, reason, unavailable = None, Reason.ARTIFACT_ROOT_MISMATCH, b"ARTIFACT_ROOT_MISMATCH"
+        else:
+            payload, reason = await self._fetch(session, job, slot.stock is not None)
+            unavailable = b"payload-unavailable"
         started = time.perf_counter()
         fraud = None
         if payload is None:
-            valid, scores = False, keccak256(b"payload-unavailable")
+            valid, scores = False, keccak256(unavailable)
+        elif isinstance(payload, StockPayload):
+            report = await asyncio.to_thread(self._verify_stock_locked, slot, payload, facts)
+            reason, valid = report.reason, report.valid
+            scores = report.decision.scores_digest if report.decision else keccak256(reason.name.encode())
         else:
-            report = await self._verify(self.models[facts.model_id], payload, facts)
+            report = await self._verify(slot, payload, facts)
             reason = report.reason
             valid = report.valid
             scores = report.decision.scores_digest if report.decision else keccak256(reason.name.encode())
@@ -575,8 +594,15 @@ class ValidatorNode:
         prefill = await self._get_batcher(slot).prefill(check.prompt_ids, check.output_ids)
         return await asyncio.to_thread(self._finish_locked, slot, check, prefill)
 
+    def _verify_stock_locked(self, slot: ModelSlot, payload: StockPayload, facts: ChainFacts) -> VerificationReport:
+        """A stock-sampler payload's report: its own prefill, under the model's lock (no batching: one a time)."""
+        assert slot.stock is not None
+        with slot.lock:
+            return verify_stock_payload(payload, slot.files, slot.tokenizer, slot.engine, slot.stock, facts)
+
     def _finish_locked(self, slot: ModelSlot, check: PreparedCheck, prefill: Prefill) -> VerificationReport:
         """Stage 2 and the decision; a kind-1 check runs its own prefill on the projection engine, so under the lock."""
+        assert slot.thresholds is not None  # a stock slot never prepares a canonical check
         if slot.projection_engine is None:
             return finish_verification(check, prefill, slot.thresholds, slot.files, slot.engine, True,
                                        slot.projection)
@@ -595,24 +621,33 @@ class ValidatorNode:
                                           self.metrics.prefill_batch.observe)
         return slot.batcher
 
-    async def _fetch(self, session: aiohttp.ClientSession, job: Job) -> tuple[InferencePayload | None, Reason]:
+    async def _fetch(self, session: aiohttp.ClientSession, job: Job,
+                     stock: bool = False) -> tuple[InferencePayload | StockPayload | None, Reason]:
         """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why after the retries.
 
         Whatever a source answers is checked against the on-chain commitment before it is cached;
-        a libp2p peer that answers something else is scored down (and dropped under the floor).
+        a libp2p peer that answers something else is scored down (and dropped under the floor). A
+        stock-sampler model's payload is a StockPayload, checked against the stock commitment.
         """
         facts = job.facts
         commitment = keccak256(facts.artifact_root + facts.output_hash + facts.fingerprint_hash)
 
+        def decode(raw: bytes) -> tuple[InferencePayload | StockPayload, Reason]:
+            if stock:
+                stock_payload = decode_stock_payload(raw)
+                return stock_payload, find_stock_payload_mismatch(stock_payload, facts)
+            payload = decode_inference_payload(raw)
+            return payload, find_payload_mismatch(payload, facts)
+
         def is_committed(raw: bytes) -> bool:
             try:
-                return find_payload_mismatch(decode_inference_payload(raw), facts) is Reason.OK
+                return decode(raw)[1] is Reason.OK
             except Exception:  # whatever is wrong with a cached entry, it is refetched
                 return False
 
         cached = self.store.get_payload(commitment, is_committed)
         if cached is not None:
-            return decode_inference_payload(cached), Reason.OK
+            return decode(cached)[0], Reason.OK
         sources = self._sources(session, job)
         if not sources:
             self.metrics.fetch_failures.labels("no-endpoint").inc()
@@ -621,8 +656,7 @@ class ValidatorNode:
             for name, fetch, on_bad in sources:
                 try:
                     raw = await fetch()
-                    payload = decode_inference_payload(raw)
-                    reason = find_payload_mismatch(payload, facts)
+                    payload, reason = decode(raw)
                 except FatalError:
                     raise
                 except Exception as exc:  # unreachable, garbage, hostile: this source, this attempt only

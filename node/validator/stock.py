@@ -3,8 +3,8 @@
 What a validator has for a stock-vLLM operator: the prompt, the served tokens, the declared params
 and the run seed. No leaves and no fingerprint, so no stage 1: the served length and token ids are
 checked, then one prefill of prompt + output on the claimed model and node.checks.stock's signals
-under the profile's [stock] thresholds. Not wired into the daemon (a stock operator's payload and
-on-chain commitment carry no artifact; that format is not defined yet).
+under the profile's [stock] thresholds. The daemon fetches a StockPayload (the request and the
+tokens) and checks it against the stock commitment on chain (docs/protocol.md §13.1) first.
 """
 
 from __future__ import annotations
@@ -17,9 +17,16 @@ from node.checks.stock import StockMeasurements, measure_stock_sampler
 from node.checks.stock_decision import StockThresholds, decide_stock
 from node.engines.base import Engine
 from node.engines.models import ModelFiles
+from node.engines.tokenizer import ModelTokenizer
 from node.errors import InvalidInput, Reason
+from node.executer.api import StockPayload
+from node.protocol.artifact import compute_output_hash
+from node.protocol.prompt import compute_prompt_hash
 from node.protocol.sampler import SamplingParams
+from node.protocol.seed import run_seed
+from node.protocol.stock import is_stock_commitment
 from node.protocol.vllm_sampler import SAMPLER_NAME, require_known_sampler, vllm_request_seed
+from node.validator.verify import ChainFacts, VerificationReport, tokenise_request
 
 
 @dataclass(frozen=True)
@@ -56,3 +63,41 @@ def verify_stock_output(files: ModelFiles, engine: Engine, prompt_ids: Sequence[
         return StockReport(exc.reason, None, None)
     decision = decide_stock(m, thresholds)
     return StockReport(decision.reason, m, decision)
+
+
+def find_stock_payload_mismatch(payload: StockPayload, facts: ChainFacts) -> Reason:
+    """Return why a fetched stock payload is not the committed one (it must not be cached), or Reason.OK."""
+    if not is_stock_commitment(facts.artifact_root, facts.fingerprint_hash):
+        return Reason.ARTIFACT_ROOT_MISMATCH  # a stock model's commitment names no artifact and no fingerprint
+    try:
+        request = payload.request
+        messages = request.get("messages")
+        prompt_hash = compute_prompt_hash(facts.model_id, messages=messages) if messages is not None else \
+            compute_prompt_hash(facts.model_id, prompt=str(request.get("prompt")))
+    except (InvalidInput, TypeError, ValueError) as exc:
+        return exc.reason if isinstance(exc, InvalidInput) else Reason.WIRE_MALFORMED
+    if int(payload.inference_id) != facts.inference_id or int(payload.user_seed) != facts.user_seed:
+        return Reason.SEED_MISMATCH
+    if "0x" + facts.model_id.hex() != payload.model_id.lower():
+        return Reason.UNKNOWN_MODEL
+    if compute_output_hash(payload.output_ids) != facts.output_hash:
+        return Reason.OUTPUT_HASH_MISMATCH
+    if prompt_hash != facts.prompt_hash:
+        return Reason.PROMPT_MISMATCH
+    return Reason.OK
+
+
+def verify_stock_payload(payload: StockPayload, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
+                         thresholds: StockThresholds, facts: ChainFacts) -> VerificationReport:
+    """Return the verdict on a stock-sampler payload against the chain's facts (one prefill when it gets that far)."""
+    mismatch = find_stock_payload_mismatch(payload, facts)
+    if mismatch is not Reason.OK:
+        return VerificationReport(mismatch, None, None, None)
+    try:
+        prompt_ids = tokenise_request(tokenizer, payload.request)
+        params = SamplingParams.from_bits(facts.temperature_bits, facts.top_p_bits, facts.top_k, facts.max_tokens)
+    except InvalidInput as exc:
+        return VerificationReport(exc.reason, None, None, None)
+    report = verify_stock_output(files, engine, prompt_ids, payload.output_ids, params,
+                                 run_seed(facts.user_seed, facts.inference_id), thresholds)
+    return VerificationReport(report.reason, None, None, report.decision)

@@ -108,3 +108,38 @@ def test_step_seeds_are_torchs_generator():
         generator = torch.Generator().manual_seed(seed)
         expected = [int(torch.randint(0, 2**31, (1,), generator=generator).item()) for _ in range(700)]
         assert compute_step_seeds(seed, 700).tolist() == expected
+
+
+def test_a_stock_operators_payload_from_real_vllm_passes_the_validator(loaded):
+    # docs/protocol.md §13.1 end to end without a chain: StockService over stock vLLM (the operator), the
+    # StockPayload's JSON, the validator's checks against the stock commitment and Token-DiFR on a
+    # transformers prefill under the calibrated stock profile; a payload with one token changed is refused
+    from node.engines.transformers_engine import TransformersEngine
+    from node.executer.api import decode_stock_payload
+    from node.executer.stock import StockService
+    from node.profiles import load_profile
+    from node.protocol.errors import Reason
+    from node.protocol.prompt import compute_prompt_hash, normalise_messages
+    from node.protocol.stock import compute_stock_commitment
+    from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
+    from node.validator.verify import ChainFacts
+
+    engine, tokenizer = loaded
+    spec = get_model_spec("smollm2-135m-instruct-vllm-stock")
+    files = materialise_model(spec)
+    _, profile = load_profile(spec)
+    service = StockService(files, lambda ids, params, seed, stops: engine.generate_stock(ids, params, seed,
+                                                                                          stops).output_ids)
+    messages = normalise_messages([{"role": "user", "content": "Name three rivers in Europe."}])
+    prompt_hash = compute_prompt_hash(files.model_id, messages=messages)
+    params = SamplingParams(0.8, 0.95, 0, 48)
+    served = service.infer(tokenizer.encode_chat(messages), prompt_hash, params, 11, 12, {"messages": messages})
+    payload = decode_stock_payload(service.payload_json(12))
+    output_hash, root, fingerprint_hash = compute_stock_commitment(served.output_ids)
+    facts = ChainFacts(12, 11, files.model_id, params.temperature_bits, params.top_p_bits, 0, 48, prompt_hash,
+                       output_hash, root, fingerprint_hash)
+    validator = TransformersEngine(files.path, spec.name)
+    report = verify_stock_payload(payload, files, tokenizer, validator, profile.stock_thresholds(), facts)
+    assert report.valid, report.reason
+    changed = payload.model_copy(update={"output_ids": [*payload.output_ids[:-1], 100]})
+    assert find_stock_payload_mismatch(changed, facts) is Reason.OUTPUT_HASH_MISMATCH
