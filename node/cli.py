@@ -270,7 +270,7 @@ def executer_serve(
                                 cache_dir, workload_record)
     api_settings = load_api_settings(api_config)
     service, profile_path, profile = load_executer(settings)
-    console.print(f"serving {model} ({backend}, {service.engine.info.dtype}, {device}) on http://{host}:{port}/v1 "
+    console.print(f"serving {model} ({backend}, {service.info.dtype}, {device}) on http://{host}:{port}/v1 "
                   f"model id 0x{service.files.model_id.hex()}")
     recorder = getattr(service.recorder, "record", None)  # serve the record read-only beside the API (keys needed)
     web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings, recorder), host=host,

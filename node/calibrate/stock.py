@@ -40,7 +40,6 @@ from node.protocol.vllm_sampler import (
     compute_processed_logits,
     compute_step_seeds,
     is_greedy,
-    sample_vllm_position,
     vllm_request_seed,
 )
 
@@ -89,19 +88,8 @@ class StockLab:
 @torch.inference_mode()
 def generate_with_vllm_rule(engine: TransformersEngine, prompt_ids: tuple[int, ...], params: SamplingParams,
                             request_seed: int) -> tuple[int, ...]:
-    """Return the tokens vLLM's seeded CPU sampler would pick from this engine's logits (KV-cache decode)."""
-    steps = compute_step_seeds(request_seed, params.max_tokens)
-    ids = torch.tensor([list(prompt_ids)])
-    out = engine.decoder(input_ids=ids, use_cache=True)
-    chosen: list[int] = []
-    for i in range(params.max_tokens):
-        logits = engine._logits(out.last_hidden_state[:, -1]).float().cpu().numpy()[0]
-        token = sample_vllm_position(logits, params, int(steps[i]))
-        chosen.append(token)
-        if i + 1 < params.max_tokens:
-            out = engine.decoder(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values,
-                                 use_cache=True)
-    return tuple(chosen)
+    """Return the tokens vLLM's seeded CPU sampler would pick from this engine's logits, all max_tokens of them."""
+    return engine.generate_with_vllm_rule(prompt_ids, params, request_seed)
 
 
 def count_replay_mismatches(logits: np.ndarray, output_ids: tuple[int, ...], params: SamplingParams,

@@ -23,8 +23,9 @@ from transformers import AutoModelForCausalLM
 from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
 from node.engines.compiled_sampler import sample_positions_compiled
 from node.errors import InvalidParams, Reason
-from node.protocol.sampler import PositionSample
+from node.protocol.sampler import PositionSample, SamplingParams
 from node.protocol.seed import compute_sampler_uniforms
+from node.protocol.vllm_sampler import compute_step_seeds, sample_vllm_position
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,28 @@ class TransformersEngine(Engine):
             elif len(row.samples) >= r.params.max_tokens:
                 row.finish = "length"
         return torch.tensor(next_ids, dtype=torch.long, device=logits.device)
+
+    @torch.inference_mode()
+    def generate_with_vllm_rule(self, prompt_ids: Sequence[int], params: SamplingParams, request_seed: int,
+                                stop_ids: frozenset[int] = frozenset()) -> tuple[int, ...]:
+        """Return the tokens vLLM's seeded CPU sampler picks from this engine's logits (docs/protocol.md §13),
+        up to and including the first stop token: a stock-sampler operator's tokens without vLLM."""
+        if not prompt_ids or params.max_tokens < 1:
+            raise InvalidParams("generation needs a prompt and max_tokens >= 1", Reason.OUT_OF_RANGE)
+        self._require_ids(prompt_ids)
+        steps = compute_step_seeds(request_seed, params.max_tokens)
+        device = self.options.device
+        out = self.decoder(input_ids=torch.tensor([list(prompt_ids)], device=device), use_cache=True)
+        chosen: list[int] = []
+        for i in range(params.max_tokens):
+            logits = self._logits(out.last_hidden_state[:, -1]).float().cpu().numpy()[0]
+            token = sample_vllm_position(logits, params, int(steps[i]))
+            chosen.append(token)
+            if token in stop_ids or i + 1 == params.max_tokens:
+                break
+            out = self.decoder(input_ids=torch.tensor([[token]], device=device), past_key_values=out.past_key_values,
+                               use_cache=True)
+        return tuple(chosen)
 
     @staticmethod
     def _finish(row: _Row) -> Generation:

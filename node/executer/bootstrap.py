@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -11,7 +12,9 @@ from node.engines.models import ModelFiles, ModelSpec, get_model_spec, load_regi
 from node.engines.tokenizer import ModelTokenizer
 from node.errors import FatalError, Reason
 from node.executer.service import ExecuterService
+from node.executer.stock import StockGenerate, StockService
 from node.profiles import ModelProfile, load_profile
+from node.protocol.sampler import SamplingParams
 
 Backend = Literal["transformers", "vllm"]
 
@@ -55,12 +58,32 @@ def load_engine(files: ModelFiles, settings: ExecuterSettings) -> Engine:
     return TransformersEngine(files.path, files.spec.name, options)
 
 
-def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService, Path, ModelProfile]:
-    """Return a ready executer service with its profile."""
+def load_stock_executer(settings: ExecuterSettings) -> tuple[StockService, Path, ModelProfile]:
+    """Return a ready stock-sampler service (docs/protocol.md §13.1): vLLM's own seeded sampler on the vllm
+    backend; on transformers, the same rule reproduced over its logits (node.protocol.vllm_sampler)."""
     spec = get_model_spec(settings.model)
-    if spec.sampler != "canonical":  # its operators run the stock engine itself (docs/protocol.md §13)
-        raise FatalError(f"{spec.name} is registered for the {spec.sampler} sampler: serve it with stock vLLM and the "
-                         "request seed rule, not with verinfer's executer", Reason.UNKNOWN_SAMPLER)
+    resolve_dtype(spec, settings.dtype)
+    if settings.workload_record is not None:
+        raise FatalError("the workload record covers the canonical executer only", Reason.UNKNOWN_SAMPLER)
+    files = materialise_model(spec, settings.cache_dir)
+    profile_path, profile = load_profile(spec)
+    engine = load_engine(files, settings)
+    generate: StockGenerate
+    if settings.backend == "vllm":
+        def generate(ids: Sequence[int], params: SamplingParams, seed: int, stops: frozenset[int]) -> Sequence[int]:
+            return engine.generate_stock(ids, params, seed, stops).output_ids  # type: ignore[attr-defined, no-any-return]
+    else:
+        def generate(ids: Sequence[int], params: SamplingParams, seed: int, stops: frozenset[int]) -> Sequence[int]:
+            return engine.generate_with_vllm_rule(ids, params, seed, stops)  # type: ignore[attr-defined, no-any-return]
+    service = StockService(files, ModelTokenizer(files.path, spec.chat), generate, engine.info)
+    return service, profile_path, profile
+
+
+def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService | StockService, Path, ModelProfile]:
+    """Return a ready executer service with its profile (a stock-sampler model's is a StockService)."""
+    spec = get_model_spec(settings.model)
+    if spec.sampler != "canonical":  # its operators run the stock engine's own sampler (docs/protocol.md §13)
+        return load_stock_executer(settings)
     resolve_dtype(spec, settings.dtype)  # before minutes of conversion and loading
     files = materialise_model(spec, settings.cache_dir)
     profile_path, profile = load_profile(spec)

@@ -44,14 +44,17 @@ from node.executer.api import (
     VerinferInfo,
 )
 from node.executer.service import ExecuterService, ServedInference
+from node.executer.stock import StockServed, StockService
 from node.protocol.fingerprint import decode_fingerprint_base64, encode_fingerprint_base64
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.sampler import SamplingParams
+from node.protocol.seed import run_seed
+from node.protocol.stock import STOCK_ARTIFACT_ROOT
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
-SERVICE_KEY = web.AppKey("service", ExecuterService)
+SERVICE_KEY: web.AppKey[ExecuterService | StockService] = web.AppKey("service")
 PROFILE_KEY = web.AppKey("profile", dict)
 LOCK_KEY = web.AppKey("engine_lock", asyncio.Lock)
 DISCONNECT_POLL_S = 0.1  # how often a queued request looks whether its client is still there
@@ -305,7 +308,7 @@ async def _parse(request: web.Request, model: type[Any]) -> Any:
         raise ApiError(400, f"invalid request: {param}: {first['msg']}", param=param) from exc
 
 
-def _service(request: web.Request, model: str) -> ExecuterService:
+def _service(request: web.Request, model: str) -> ExecuterService | StockService:
     service = request.app[SERVICE_KEY]
     if model != service.files.spec.name:
         raise ApiError(404, f"model {model!r} is not served here; try GET /v1/models", param="model",
@@ -338,6 +341,31 @@ def _verinfer_info(request: web.Request, s: ServedInference, service: ExecuterSe
     ).model_dump()
 
 
+def _refuse_for_stock(logprobs: Any, proofs: Any) -> None:
+    """Raise ApiError for what a stock-sampler model cannot answer: logprobs and fingerprint checks."""
+    if logprobs:
+        raise ApiError(400, "logprobs are not kept for a stock-sampler model", param="logprobs")
+    if proofs is not None:
+        raise ApiError(400, "a stock-sampler model has no fingerprints to verify",
+                       param="verification_proof_to_validate")
+
+
+def _stock_info(request: web.Request, s: StockServed, service: StockService) -> dict[str, Any]:
+    """Return the verinfer block of a stock-sampler response: its commitment (docs/protocol.md §13.1)."""
+    base = f"{request.scheme}://{request.host}"
+    return {"inference_id": str(s.inference_id), "user_seed": str(s.user_seed),
+            "run_seed": "0x" + run_seed(s.user_seed, s.inference_id).hex(),
+            "model_id": "0x" + service.files.model_id.hex(), "prompt_hash": "0x" + s.prompt_hash.hex(),
+            "output_hash": "0x" + s.output_hash.hex(), "artifact_root": "0x" + STOCK_ARTIFACT_ROOT.hex(),
+            "fingerprint_hash": "0x" + s.fingerprint_hash.hex(), "sampler": service.files.spec.sampler,
+            "payload_url": f"{base}/v1/payloads/{s.inference_id}"}
+
+
+def _stock_usage(prompt_ids: Any, s: StockServed) -> dict[str, int]:
+    p, n = len(prompt_ids), len(s.output_ids)
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+
+
 def _usage(s: ServedInference) -> dict[str, int]:
     p, n = len(s.artifact.header.prompt_token_ids), len(s.generation.output_ids)
     return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
@@ -362,12 +390,23 @@ async def chat_completions(request: web.Request) -> web.Response:
     """POST /v1/chat/completions."""
     req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
     service = _service(request, req.model)
-    if req.max_tokens == 0 and req.verification_proof_to_validate is not None:
+    if isinstance(service, StockService):
+        _refuse_for_stock(req.logprobs, req.verification_proof_to_validate)
+    elif req.max_tokens == 0 and req.verification_proof_to_validate is not None:
         return await _verify_chat(request, service, req)
     params = _params(req)
     messages = normalise_messages([m.model_dump() for m in req.messages])
     prompt_ids = service.tokenizer.encode_chat(messages)
     prompt_hash = compute_prompt_hash(service.files.model_id, messages=messages)
+    if isinstance(service, StockService):
+        stock: StockServed = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
+                                        req.inference_id, {"messages": messages})
+        reply = {"role": "assistant", "content": service.tokenizer.decode(stock.output_ids)}
+        return web.json_response({
+            "id": f"chatcmpl-{stock.inference_id:064x}"[:40], "object": "chat.completion", "created": int(time.time()),
+            "model": req.model, "choices": [{"index": 0, "message": reply, "logprobs": None,
+                                             "finish_reason": "stop" if service.is_stop(stock) else "length"}],
+            "usage": _stock_usage(prompt_ids, stock), "verinfer": _stock_info(request, stock, service)})
     s: ServedInference = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
                                     req.inference_id, {"messages": messages})
     message = {"role": "assistant", "content": service.tokenizer.decode(s.generation.output_ids),
@@ -418,6 +457,16 @@ async def completions(request: web.Request) -> web.Response:
     params = _params(req)
     prompt_ids = service.tokenizer.encode_text(req.prompt)
     prompt_hash = compute_prompt_hash(service.files.model_id, prompt=req.prompt)
+    if isinstance(service, StockService):
+        _refuse_for_stock(req.logprobs, None)
+        stock: StockServed = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
+                                        req.inference_id, {"prompt": req.prompt})
+        return web.json_response({
+            "id": f"cmpl-{stock.inference_id:064x}"[:40], "object": "text_completion", "created": int(time.time()),
+            "model": req.model, "choices": [{"index": 0, "text": service.tokenizer.decode(stock.output_ids),
+                                             "logprobs": None,
+                                             "finish_reason": "stop" if service.is_stop(stock) else "length"}],
+            "usage": _stock_usage(prompt_ids, stock), "verinfer": _stock_info(request, stock, service)})
     s: ServedInference = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
                                     req.inference_id, {"prompt": req.prompt})
     choice: dict[str, Any] = {"index": 0, "text": service.tokenizer.decode(s.generation.output_ids),
@@ -443,9 +492,10 @@ async def list_models(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     return web.json_response({"object": "list", "data": [{
         "id": service.files.spec.name, "object": "model", "created": 0, "owned_by": "verinfer",
-        "verinfer": {"model_id": "0x" + service.files.model_id.hex(), "k": service.k,
+        "verinfer": {"model_id": "0x" + service.files.model_id.hex(), "k": service.files.spec.k,
                      "vocab_size": service.files.spec.vocab_size, "chat": service.files.spec.chat,
-                     "backend": service.engine.info.backend, "dtype": service.engine.info.dtype},
+                     "backend": service.info.backend, "dtype": service.info.dtype,
+                     "sampler": service.files.spec.sampler},
     }]})
 
 
@@ -463,7 +513,8 @@ async def get_artifact(request: web.Request) -> web.Response:
         root = bytes.fromhex(root_text)
     except ValueError as exc:
         raise ApiError(400, "artifact root must be 32 bytes of hex") from exc
-    served = request.app[SERVICE_KEY].get_by_root(root)
+    service = request.app[SERVICE_KEY]
+    served = None if isinstance(service, StockService) else service.get_by_root(root)
     if served is None:
         raise ApiError(404, "unknown artifact root", code="not_found")
     return web.Response(body=served.wire, content_type="application/octet-stream")
@@ -483,7 +534,7 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "model": request.app[SERVICE_KEY].files.spec.name})
 
 
-def create_app(service: ExecuterService, profile_path: str, calibrated: bool,
+def create_app(service: ExecuterService | StockService, profile_path: str, calibrated: bool,
                settings: ApiSettings | None = None, workload: Any = None) -> web.Application:
     """Return the aiohttp application serving one executer (settings None: open, default limits).
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from node.checks.fingerprint import FingerprintDecision, FingerprintThresholds, decide_fingerprint
 from node.checks.projection import select_projection_rows
-from node.engines.base import Engine, Generation, GenerationRequest
+from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest
 from node.engines.compiled_fingerprint import compute_interpolation_compiled
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
@@ -116,6 +116,11 @@ class ExecuterService:
         self.keep = keep
         self._served: OrderedDict[int, ServedInference] = OrderedDict()
         self._by_root: dict[bytes, int] = {}
+
+    @property
+    def info(self) -> EngineInfo:
+        """Return the engine's backend, model, dtype and device."""
+        return self.engine.info
 
     @property
     def k(self) -> int:

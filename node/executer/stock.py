@@ -16,7 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from node.engines.base import EngineInfo
 from node.engines.models import ModelFiles
+from node.engines.tokenizer import ModelTokenizer
 from node.errors import InvalidInput, Reason
 from node.executer.api import StockPayload
 from node.executer.chain_mode import ChainGate
@@ -65,12 +67,16 @@ def truncate_at_stop(tokens: Sequence[int], stop_ids: frozenset[int]) -> tuple[i
 class StockService:
     """Serves a stock-sampler model: generates with the engine's seeded sampler, commits, keeps payloads."""
 
-    def __init__(self, files: ModelFiles, generate: StockGenerate, gate: ChainGate | None = None,
-                 keep: int = 10_000) -> None:
+    recorder = None  # the workload record covers the canonical executer only
+
+    def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, generate: StockGenerate, info: EngineInfo,
+                 gate: ChainGate | None = None, keep: int = 10_000) -> None:
         if require_known_sampler(files.spec.sampler) != SAMPLER_NAME:
             raise InvalidInput(f"{files.spec.name} is not registered for the stock sampler", Reason.UNKNOWN_SAMPLER)
         self.files = files
+        self.tokenizer = tokenizer
         self.generate = generate
+        self.info = info
         self.gate = gate
         self.keep = keep
         self._served: OrderedDict[int, StockServed] = OrderedDict()
@@ -95,6 +101,10 @@ class StockService:
             self._served.popitem(last=False)
         log.info("stock inference served", extra={"inference_id": hex(iid), "tokens": len(served.output_ids)})
         return served
+
+    def is_stop(self, served: StockServed) -> bool:
+        """Check whether a served response ended on a stop token (else it ran to max_tokens)."""
+        return served.output_ids[-1] in self.files.spec.stop_token_ids
 
     def payload_json(self, inference_id: int) -> bytes | None:
         """Return the StockPayload validators fetch, if still kept."""

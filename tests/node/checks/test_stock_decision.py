@@ -2,6 +2,7 @@
 
 import math
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -71,11 +72,16 @@ def test_an_unknown_sampler_is_refused():
         ModelSpec(**spec)
 
 
-def test_the_executer_refuses_a_stock_sampler_model():
+def test_the_executer_serves_a_stock_sampler_model_with_its_stock_service():
+    # docs/protocol.md §13.1: the canonical executer is not built for it; the stock service is (transformers
+    # backend: vLLM's rule over its logits), and what it cannot do is refused at start-up
     from node.executer.bootstrap import ExecuterSettings, load_executer
+    from node.executer.stock import StockService
 
+    service, _, profile = load_executer(ExecuterSettings("smollm2-135m-instruct-vllm-stock"))
+    assert isinstance(service, StockService) and profile.stock is not None
     with pytest.raises(FatalError) as err:
-        load_executer(ExecuterSettings("smollm2-135m-instruct-vllm-stock"))
+        load_executer(ExecuterSettings("smollm2-135m-instruct-vllm-stock", workload_record=Path("unused")))
     assert err.value.reason is Reason.UNKNOWN_SAMPLER
 
 

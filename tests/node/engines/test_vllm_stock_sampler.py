@@ -128,8 +128,8 @@ def test_a_stock_operators_payload_from_real_vllm_passes_the_validator(loaded):
     spec = get_model_spec("smollm2-135m-instruct-vllm-stock")
     files = materialise_model(spec)
     _, profile = load_profile(spec)
-    service = StockService(files, lambda ids, params, seed, stops: engine.generate_stock(ids, params, seed,
-                                                                                          stops).output_ids)
+    service = StockService(files, tokenizer, lambda ids, params, seed, stops: engine.generate_stock(
+        ids, params, seed, stops).output_ids, engine.info)
     messages = normalise_messages([{"role": "user", "content": "Name three rivers in Europe."}])
     prompt_hash = compute_prompt_hash(files.model_id, messages=messages)
     params = SamplingParams(0.8, 0.95, 0, 48)

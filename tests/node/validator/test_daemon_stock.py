@@ -86,7 +86,7 @@ async def stock_network(tiny, tmp_path: Path, generate: Callable[..., Sequence[i
 
     def honest(prompt_ids: Sequence[int], params: SamplingParams, request_seed: int,
                stops: frozenset[int]) -> Sequence[int]:
-        return generate_with_vllm_rule(tiny.engine, tuple(prompt_ids), params, request_seed)
+        return tiny.engine.generate_with_vllm_rule(prompt_ids, params, request_seed, stops)
 
     with Anvil(block_time=0.5) as anvil:
         w3 = anvil.web3()
@@ -99,7 +99,7 @@ async def stock_network(tiny, tmp_path: Path, generate: Callable[..., Sequence[i
         hub.bond(operator, Role.OPERATOR, 10 * 10**18)
         hub.bond(validator, Role.VALIDATOR, 5 * 10**18)
         gate = ChainGate(Hub(w3, hub.address), TxManager(w3, operator, MemoryJournal()), files.model_id)
-        service = StockService(files, generate or honest, gate)
+        service = StockService(files, tiny.tokenizer, generate or honest, tiny.engine.info, gate)
         tamper: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | None] = {"payload": None}
 
         async def payload(request: web.Request) -> web.Response:
