@@ -8,7 +8,7 @@ import signal
 from rich.console import Console
 from rich.live import Live
 
-from node.devnet.network import OPERATOR_KINDS, Devnet, DevnetOptions, NetworkState, prepare_out_dir
+from node.devnet.network import Devnet, DevnetOptions, NetworkState, prepare_out_dir
 from node.devnet.report import judge_outcome, plot_spoofer_probability, render_state, write_run_record
 from node.logs import configure_logging
 
@@ -46,7 +46,7 @@ def run_devnet(options: DevnetOptions, console: Console) -> int:
     configure_logging(path=out / "devnet.log")
     state = NetworkState(options)
     devnet = Devnet(options, state)
-    console.print(f"verinfer devnet: {options.model}, {len(OPERATOR_KINDS)} operators, {options.validators} "
+    console.print(f"verinfer devnet: {options.model}, {len(state.kinds)} operators, {options.validators} "
                   f"validators, {options.rounds} rounds of {options.tokens} tokens; logs and results in {out}/")
     try:
         with Live(get_renderable=lambda: render_state(state, events=console.is_terminal), console=console,

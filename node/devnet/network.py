@@ -39,6 +39,7 @@ from chain.txmanager import TxManager
 from node.engines.base import EngineInfo, Generation, GenerationRequest, Prefill
 from node.errors import FatalError, VerinferError
 from node.executer.service import ExecuterService
+from node.executer.stock import StockService
 from node.protocol.errors import Reason
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.reputation import WAD
@@ -50,6 +51,13 @@ OPERATOR_KINDS: dict[str, str] = {  # kind -> what it really does (short: it is 
     "honest": "fp32, as declared",
     "int8": "int8, claims fp32",
     "prefill": "int8 text, real leaves",
+    "temperature-lie": "samples at T + 0.3",
+    "truncator": "stops after 4 tokens",
+}
+STOCK_OPERATOR_KINDS: dict[str, str] = {  # a stock-sampler model (docs/protocol.md §13.1): vLLM's seeded rule
+    "honest": "vLLM's seeded rule",
+    "int8": "int8, claims fp32",
+    "unseeded": "ignores the seed",
     "temperature-lie": "samples at T + 0.3",
     "truncator": "stops after 4 tokens",
 }
@@ -144,6 +152,11 @@ class NetworkState:
     durations: dict[str, float] = field(default_factory=dict)
     model_rates: dict[str, float] = field(default_factory=dict)  # α and β as registered on chain
     events: list[str] = field(default_factory=list)
+    kinds: dict[str, str] = field(default_factory=dict)  # the operators: kind -> what it really does
+
+    def __post_init__(self) -> None:
+        if not self.kinds:
+            self.kinds = get_operator_kinds(self.options.model)
 
     def count(self, kind: str, status: str) -> int:
         """Return how many of an operator's inferences are in a status."""
@@ -152,6 +165,13 @@ class NetworkState:
     def operator(self, kind: str) -> OperatorView:
         """Return the operator of a kind."""
         return next(o for o in self.operators if o.kind == kind)
+
+
+def get_operator_kinds(model: str) -> dict[str, str]:
+    """Return the devnet's operators for a model: a stock-sampler model's cheat on vLLM's rule instead."""
+    from node.engines.models import get_model_spec
+
+    return dict(STOCK_OPERATOR_KINDS if get_model_spec(model).sampler != "canonical" else OPERATOR_KINDS)
 
 
 class SerialEngine:
@@ -219,7 +239,7 @@ class Operator:
     p2p_port: int
     key_path: Path
     peer_id: str
-    service: ExecuterService | None = None
+    service: ExecuterService | StockService | None = None
 
     @property
     def url(self) -> str:
@@ -297,7 +317,7 @@ class Devnet:
         from node.p2p.host import compute_peer_id
 
         nodes = out / "nodes"
-        for i, kind in enumerate(OPERATOR_KINDS):
+        for i, kind in enumerate(self.state.kinds):
             account = dev_account(FIRST_OPERATOR + i)
             hub.bond(account, Role.OPERATOR, OPERATOR_STAKE)
             key = nodes / f"operator-{kind}" / "peer.key"
@@ -364,11 +384,14 @@ class Devnet:
         _, profile = load_profile(spec)
         base = TransformersEngine(files.path, spec.name, TransformersOptions(threads=self.options.threads))
         int8 = make_int8_engine(base)
+        lock = threading.Lock()
+        if spec.sampler != "canonical":
+            self._load_stock_operators(files, tokenizer, base, int8, lock)
+            return
         engines: dict[str, Any] = {"honest": base, "int8": int8,
                                       "prefill": PrefillAttackEngine(cheap=int8, real=base),
                                       "temperature-lie": TemperatureLieEngine(base, delta=0.3),
                                       "truncator": TruncatingEngine(base, keep=4)}
-        lock = threading.Lock()
         for op in self.operators:
             w3 = Web3(Web3.HTTPProvider(self.anvil.url))
             store = Store(self.options.out / "nodes" / f"operator-{op.kind}" / "data", 31337, self.hub.address)
@@ -376,6 +399,32 @@ class Devnet:
             gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store), self.model_id)
             op.service = ExecuterService(files, tokenizer, SerialEngine(engines[op.kind], lock),
                                          profile.fingerprint_thresholds(), gate=gate)
+
+    def _load_stock_operators(self, files: Any, tokenizer: Any, base: Any, int8: Any, lock: threading.Lock) -> None:
+        """Build each operator of a stock-sampler model: a StockService whose tokens follow vLLM's seeded rule over
+        an engine's logits, honestly or not (the cheats are in the generate functions, not in node.executer)."""
+        from node.executer.chain_mode import ChainGate
+        from node.store.leveldb import Store
+
+        assert self.anvil is not None and self.hub is not None
+
+        def rule(engine: Any, delta: float = 0.0, seed_xor: int = 0, keep: int | None = None) -> Any:
+            def generate(ids: Any, params: SamplingParams, seed: int, stops: frozenset[int]) -> tuple[int, ...]:
+                if delta:
+                    params = SamplingParams(params.temperature + delta, params.top_p, params.top_k, params.max_tokens)
+                with lock:
+                    tokens: tuple[int, ...] = engine.generate_with_vllm_rule(ids, params, seed ^ seed_xor, stops)
+                return tokens[:keep]
+            return generate
+
+        generators = {"honest": rule(base), "int8": rule(int8), "unseeded": rule(base, seed_xor=0x5A5A5A),
+                      "temperature-lie": rule(base, delta=0.3), "truncator": rule(base, keep=4)}
+        for op in self.operators:
+            w3 = Web3(Web3.HTTPProvider(self.anvil.url))
+            store = Store(self.options.out / "nodes" / f"operator-{op.kind}" / "data", 31337, self.hub.address)
+            self._stores.append(store)
+            gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store), self.model_id)
+            op.service = StockService(files, tokenizer, generators[op.kind], base.info, gate=gate)
 
     async def serve_operators(self) -> None:
         """Start each operator's HTTP API and libp2p host."""

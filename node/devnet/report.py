@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from node.devnet.network import OPERATOR_KINDS, OPERATOR_STAKE, NetworkState
+from node.devnet.network import OPERATOR_STAKE, NetworkState
 from node.protocol.reputation import PRIOR
 
 SLASH_THRESHOLD = 0.99  # HubConfig's default slash_threshold
@@ -37,7 +37,7 @@ def render_state(state: NetworkState, events: bool = True) -> Group:
         pending = sum(1 for r in state.inferences if r.operator == o.kind and r.pending)
         standing = "[red]jailed[/red]" if o.jailed else ("[yellow]suspect[/yellow]" if o.spoof_p >= 0.5
                                                          else "[green]good[/green]")
-        ops.add_row(o.kind, OPERATOR_KINDS[o.kind], str(requests), str(state.count(o.kind, "VALID")),
+        ops.add_row(o.kind, state.kinds[o.kind], str(requests), str(state.count(o.kind, "VALID")),
                     str(state.count(o.kind, "INVALID") + state.count(o.kind, "FRAUD")), str(pending),
                     f"{o.spoof_p:.3g}", _eth(o.stake), _eth(o.credits), standing)
     vals = Table(title="validators", title_justify="left", expand=False)
@@ -78,7 +78,7 @@ def plot_spoofer_probability(state: NetworkState, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     times = [t for t, _ in state.timeline]
-    for kind in OPERATOR_KINDS:
+    for kind in state.kinds:
         line = ax.step(times, [max(p[kind], 1e-7) for _, p in state.timeline], where="post", label=kind,
                        linewidth=2)[0]
         jailed = next((t for t, p in state.timeline if p[kind] >= SLASH_THRESHOLD), None)
@@ -115,7 +115,7 @@ def summarise_run(state: NetworkState, problems: list[str]) -> dict[str, Any]:
             "answer_to_verdict_mean": round(statistics.fmean(latency), 3) if latency else None,
             "answer_to_verdict_max": round(max(latency), 3) if latency else None,
         },
-        "operators": [{"kind": o.kind, "behaviour": OPERATOR_KINDS[o.kind], "address": o.address,
+        "operators": [{"kind": o.kind, "behaviour": state.kinds[o.kind], "address": o.address,
                        "requests": sum(1 for r in state.inferences if r.operator == o.kind),
                        "valid": state.count(o.kind, "VALID"), "invalid": state.count(o.kind, "INVALID"),
                        "fraud": state.count(o.kind, "FRAUD"),
