@@ -238,8 +238,8 @@ def _parse_request_body(value: Any) -> dict[str, Any]:
     raise ValueError("request must be an object with either 'messages' or 'prompt'")
 
 
-class InferencePayload(BaseModel):
-    """GET /v1/payloads/{inference_id}: everything a validator fetches for one inference.
+class _PayloadHead(BaseModel):
+    """The fields every payload starts with: which model and inference, and the request as accepted.
 
     ``request`` stays a plain dict for its readers ({"messages": [{"role", "content"}, …]} or
     {"prompt": text}), but only after ChatRequestBody or TextRequestBody accepted it.
@@ -252,33 +252,26 @@ class InferencePayload(BaseModel):
     inference_id: DecimalU256
     user_seed: DecimalU64
     request: dict[str, Any]
+
+    @field_validator("request", mode="before")
+    @classmethod
+    def _parse_request(cls, value: Any) -> dict[str, Any]:
+        return _parse_request_body(value)
+
+
+class InferencePayload(_PayloadHead):
+    """GET /v1/payloads/{inference_id}: everything a validator fetches for one inference."""
+
     artifact: ArtifactBase64  # base64 of the zstd wire form
     verification_proofs: Annotated[list[ProofChunk], AfterValidator(_are_whole_pieces)] = \
         Field(min_length=1, max_length=MAX_FINGERPRINT_CHUNKS)
 
-    @field_validator("request", mode="before")
-    @classmethod
-    def _parse_request(cls, value: Any) -> dict[str, Any]:
-        return _parse_request_body(value)
 
-
-class StockPayload(BaseModel):
+class StockPayload(_PayloadHead):
     """GET /v1/payloads/{inference_id} for a stock-sampler model (docs/protocol.md §13.1): the request and the
     served tokens; no artifact and no fingerprint exist for a stock engine."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: StrictStr = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
-    model_id: Hex32
-    inference_id: DecimalU256
-    user_seed: DecimalU64
-    request: dict[str, Any]
     output_ids: list[TokenId] = Field(min_length=1, max_length=MAX_OUTPUT_TOKENS)
-
-    @field_validator("request", mode="before")
-    @classmethod
-    def _parse_request(cls, value: Any) -> dict[str, Any]:
-        return _parse_request_body(value)
 
 
 def decode_stock_payload(raw: bytes | bytearray | str) -> StockPayload:

@@ -21,12 +21,11 @@ from node.engines.tokenizer import ModelTokenizer
 from node.errors import InvalidInput, Reason
 from node.executer.api import StockPayload
 from node.protocol.artifact import compute_output_hash
-from node.protocol.prompt import compute_prompt_hash
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
 from node.protocol.stock import is_stock_commitment
 from node.protocol.vllm_sampler import SAMPLER_NAME, require_known_sampler, vllm_request_seed
-from node.validator.verify import ChainFacts, VerificationReport, tokenise_request
+from node.validator.verify import ChainFacts, VerificationReport, compute_request_prompt_hash, tokenise_request
 
 
 @dataclass(frozen=True)
@@ -70,10 +69,7 @@ def find_stock_payload_mismatch(payload: StockPayload, facts: ChainFacts) -> Rea
     if not is_stock_commitment(facts.artifact_root, facts.fingerprint_hash):
         return Reason.ARTIFACT_ROOT_MISMATCH  # a stock model's commitment names no artifact and no fingerprint
     try:
-        request = payload.request
-        messages = request.get("messages")
-        prompt_hash = compute_prompt_hash(facts.model_id, messages=messages) if messages is not None else \
-            compute_prompt_hash(facts.model_id, prompt=str(request.get("prompt")))
+        prompt_hash = compute_request_prompt_hash(facts.model_id, payload.request)
     except (InvalidInput, TypeError, ValueError) as exc:
         return exc.reason if isinstance(exc, InvalidInput) else Reason.WIRE_MALFORMED
     if int(payload.inference_id) != facts.inference_id or int(payload.user_seed) != facts.user_seed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import Any
 
 from node.checks.decision import Stage2Decision, Stage2Thresholds, decide_stage2, is_weight_error_only
 from node.checks.projection import (
@@ -101,15 +102,20 @@ class ChainFacts:
     projection_block_hash: bytes = NO_BLOCK_HASH
 
 
+def compute_request_prompt_hash(model_id: bytes, request: dict[str, Any]) -> bytes:
+    """Return the prompt hash of a payload's request (chat messages or completion text)."""
+    messages = request.get("messages")
+    if messages is not None:
+        return compute_prompt_hash(model_id, messages=messages)
+    return compute_prompt_hash(model_id, prompt=str(request.get("prompt")))
+
+
 def find_payload_mismatch(payload: InferencePayload, facts: ChainFacts) -> Reason:
     """Return why a fetched payload is not the committed one (it must not be cached), or Reason.OK."""
     try:
         art = decode_payload_artifact(payload)
         proofs = decode_fingerprint_base64(payload.verification_proofs)
-        request = payload.request
-        messages = request.get("messages")
-        prompt_hash = compute_prompt_hash(facts.model_id, messages=messages) if messages is not None else \
-            compute_prompt_hash(facts.model_id, prompt=str(request.get("prompt")))
+        prompt_hash = compute_request_prompt_hash(facts.model_id, payload.request)
     except (InvalidInput, TypeError, ValueError) as exc:
         return exc.reason if isinstance(exc, InvalidInput) else Reason.WIRE_MALFORMED
     if int(payload.inference_id) != facts.inference_id:
