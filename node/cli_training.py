@@ -20,7 +20,8 @@ training_app = typer.Typer(help="Training verification: audit runs, calibrate, r
 
 
 @training_app.command("audit")
-def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, timeout_s, runs[dir, prover, beacon]."),
+def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, timeout_s, runs[dir, prover, spec]; "
+                                             "optional spool (kept responses), recompute_lock (a shared lock file)."),
           key_env: str = typer.Option("VERINFER_PRIVATE_KEY", help="Env variable holding the validator's hex key."),
           tolerance: Path = typer.Option(None, help="Tolerance JSON (default: the calibrated one)."),
           trajectory: Path = typer.Option(None, help="Trajectory policy JSON (default: the calibrated one)."),
@@ -45,7 +46,9 @@ def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, t
         load_trajectory_policy() if TRAJECTORY_FILE.exists() else None)
     run_auditor(runs, rpc_url=cfg["rpc"], contract_address=cfg["contract"], validator_key=bytes.fromhex(
         key.removeprefix("0x")), tolerance=load_tolerance(tolerance or TOLERANCE_FILE), trajectory=policy,
-        journal=Path(cfg["journal"]), timeout_s=float(cfg["timeout_s"]))
+        journal=Path(cfg["journal"]), timeout_s=float(cfg["timeout_s"]),
+        spool=Path(cfg["spool"]) if cfg.get("spool") else None,
+        recompute_lock=Path(cfg["recompute_lock"]) if cfg.get("recompute_lock") else None)
 
 
 @training_app.command("calibrate")
@@ -177,23 +180,35 @@ def _state_table(state: dict[str, Any]) -> Table:
 
 @training_app.command("devnet")
 def devnet(out: Path = typer.Option(Path("bench-results/training-devnet"), help="Output folder."),
-           steps: int = typer.Option(20, help="Steps per run."),
-           anchor_every: int = typer.Option(5, help="m: steps per anchor."),
-           audit_rate: float = typer.Option(0.4, help="p: audit rate."),
-           timeout: float = typer.Option(900.0, help="Seconds before giving up."),
+           shape: str = typer.Option("smollm2", help="Model shape: smollm2 (SmolLM2-135M's architecture, the demo) "
+                                                     "or tiny (the tests' llama)."),
+           steps: int = typer.Option(None, help="Steps per run (default: the shape's demo plan)."),
+           anchor_every: int = typer.Option(None, help="m: steps per anchor (default: the shape's demo plan)."),
+           audit_rate: float = typer.Option(None, help="p: audit rate (default: the shape's demo plan, 0.4)."),
+           timeout: float = typer.Option(1800.0, help="Seconds before giving up."),
            k: int = typer.Option(1, help="Audit interruption window in steps (measured recompute ÷ step).")) -> None:
     """Anvil + contracts, an honest and a cheating gloo job, three validators each running its own auditor
     process; exit 0 iff the cheater is slashed and the honest run is not."""
-    from node.training.devnet import run_devnet
+    from node.training.devnet import compute_catch_probability, get_devnet_plan, run_devnet
+    from node.training.spec import UnknownShape
 
     logging.basicConfig(level=logging.WARNING)
+    try:
+        plan = get_devnet_plan(shape, steps, anchor_every, audit_rate)
+    except UnknownShape as e:
+        raise typer.BadParameter(str(e), param_hint="--shape") from e
+    console.print(f"shape {plan.shape}: {plan.steps} steps, m = {plan.anchor_every}, K = {plan.keep_checkpoints}, "
+                  f"p = {plan.audit_rate}; P(a cheating step is audited) = {compute_catch_probability(plan):.3f}")
     with Live(Table(), console=console, refresh_per_second=2) as live:
-        summary = run_devnet(out, steps, anchor_every, audit_rate, timeout, k=k,
-                             on_state=lambda s: live.update(_state_table(s)))
+        summary = run_devnet(out, plan, timeout, k=k, on_state=lambda s: live.update(_state_table(s)))
         live.update(_state_table(summary["final"]))
     console.print(f"votes counted per validator: {summary['votes']}; auditors: {summary['journals']}")
     console.print(f"nonce replay: {summary['nonce_replay']}; gas per anchored step: "
                   f"{summary['gas_per_anchored_step']:.0f}; outputs in {out}")
+    mem = summary["memory"]
+    console.print(f"peak memory (RSS of the process tree, every {mem['period_s']} s): {mem['peak_rss_gb']} GB at "
+                  f"{mem['peak_at_s']} s {mem['peak_by_role_gb']}; wall {summary['wall_s']} s; "
+                  f"step times {summary['step_times']}")
     console.print("[green]cheater slashed, honest run kept its bond[/green]" if summary["ok"]
                   else "[red]devnet FAILED[/red]")
     raise typer.Exit(0 if summary["ok"] else 1)

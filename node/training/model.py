@@ -115,8 +115,11 @@ def get_named_values(state: TrainState, positions: np.ndarray) -> np.ndarray:
     return values.numpy().astype(np.float32)
 
 
-def state_from_vector(step: int, z: np.ndarray, n_params: int) -> TrainState:
-    """Return the TrainState of a flat Z vector, refusing a wrong shape, dtype or non-finite values."""
+def state_from_vector(step: int, z: np.ndarray, n_params: int, copy: bool = True) -> TrainState:
+    """Return the TrainState of a flat Z vector, refusing a wrong shape, dtype or non-finite values.
+
+    With copy=False the state's tensors are views of z (the auditor's loaded response, never changed in place:
+    no second copy of a 135 M-parameter Z)."""
     if z.dtype != np.float32:
         raise InvalidTraining(f"checkpoint of step {step} has dtype {z.dtype}, not float32",
                               TrainingReason.CHECKPOINT_DTYPE, step)
@@ -126,5 +129,8 @@ def state_from_vector(step: int, z: np.ndarray, n_params: int) -> TrainState:
     if not np.isfinite(z).all():
         raise InvalidTraining(f"checkpoint of step {step} holds NaN or infinity", TrainingReason.CHECKPOINT_NON_FINITE,
                               step)
+    if not copy:
+        t = torch.from_numpy(z)
+        return TrainState(step=step, params=t[:n_params], momentum=t[n_params:])
     t = torch.from_numpy(z.copy())
     return TrainState(step=step, params=t[:n_params].clone(), momentum=t[n_params:].clone())
