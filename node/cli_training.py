@@ -57,7 +57,12 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
               margin: float = typer.Option(10.0, help="Threshold = margin × honest maximum."),
               write: bool = typer.Option(False, help="Write node/training/tolerance.json."),
               pool: list[Path] = typer.Option([], help="Earlier runs' tolerance files whose honest spread is "
-                                                       "pooled with this run's (each column's largest value).")
+                                                       "pooled with this run's (each column's largest value)."),
+              shape: str = typer.Option("tiny", help="Model shape: tiny or smollm2 (SmolLM2-135M's architecture)."),
+              anchor_every: int = typer.Option(5, help="m: steps per anchor (every step is drawn and served at its "
+                                                       "window's anchor, so the shadow keeps K = m states)."),
+              drop_responses: bool = typer.Option(False, help="Delete each variant's served checkpoints once audited "
+                                                              "(smollm2: 1.08 GB per state)."),
               ) -> None:
     """Measure the honest spread across thread counts, world sizes and reduction orders; set the tolerance."""
     from node.training.auditor import TOLERANCE_FILE
@@ -68,10 +73,16 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
         run_honest_calibration,
         write_tolerance,
     )
-    from node.training.spec import RunSpec
+    from node.training.spec import RunSpec, UnknownShape, compute_keep_checkpoints, get_shape
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    spread, per_variant, verdicts = run_honest_calibration(RunSpec(steps=steps, anchor_every=5), work)
+    try:
+        model_shape = get_shape(shape)
+    except UnknownShape as e:
+        raise typer.BadParameter(str(e), param_hint="--shape") from e
+    base = RunSpec(shape=model_shape, steps=steps, anchor_every=anchor_every,
+                   keep_checkpoints=compute_keep_checkpoints(anchor_every, offchain=False))
+    spread, per_variant, verdicts = run_honest_calibration(base, work, drop_responses=drop_responses)
     for i, path in enumerate(pool, start=1):  # honest data of earlier runs (another day, another load) counts too
         earlier, earlier_variants = load_spread(path)
         spread = compute_pooled_spread([spread, earlier])

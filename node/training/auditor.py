@@ -50,7 +50,7 @@ from node.training.model import (
     get_run_param_count,
     state_from_vector,
 )
-from node.training.replay import compute_replay
+from node.training.replay import compute_replay, get_replay_model
 from node.training.spec import RunSpec
 from node.training.trajectory import verify_declared_schedule
 
@@ -306,6 +306,7 @@ def process_served_audit(ctx: AuditContext, folder: Path, step: int, arrived_at:
             return AuditVerdict(step, False, TrainingReason.CHECKPOINT_MISSING, "served response disappeared")
         verdict = process_audit(ctx, dataclasses.replace(response, arrived_at=arrived_at), announced_at)
         del response
+        get_replay_model.cache_clear()  # its parameters are views of this response's Z(t−1): let both go
         gc.collect()
     return verdict
 

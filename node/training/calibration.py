@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -167,8 +168,10 @@ def compute_tolerance(spread: Spread, margin: float, init_alpha: float) -> Audit
                           lsh_rel_error=margin * sketch, init_alpha=init_alpha)
 
 
-def run_honest_calibration(base: RunSpec, work_dir: Path) -> tuple[Spread, dict[str, Spread], list[AuditVerdict]]:
-    """Run every honest variant fully audited; return the overall and per-variant spread and all verdicts."""
+def run_honest_calibration(base: RunSpec, work_dir: Path, drop_responses: bool = False,
+                           ) -> tuple[Spread, dict[str, Spread], list[AuditVerdict]]:
+    """Run every honest variant fully audited; return the overall and per-variant spread and all verdicts
+    (drop_responses: delete a variant's served checkpoints once it is audited)."""
     per_variant: dict[str, Spread] = {}
     all_measurements: list[AuditMeasurement] = []
     verdicts: list[AuditVerdict] = []
@@ -178,6 +181,8 @@ def run_honest_calibration(base: RunSpec, work_dir: Path) -> tuple[Spread, dict[
         run_audited_job(spec, work_dir / v.name, threads=v.prover_threads)
         job_s = time.perf_counter() - started
         vs = audit_job(spec, work_dir / v.name, OPEN_TOLERANCE, auditor_threads=v.auditor_threads)
+        if drop_responses:
+            shutil.rmtree(work_dir / v.name / "responses", ignore_errors=True)
         verdicts.extend(vs)
         ms = [x.measurement for x in vs if x.measurement is not None]
         per_variant[v.name] = compute_spread(ms)

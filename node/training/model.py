@@ -43,8 +43,10 @@ def compute_declared_init(model: torch.nn.Module, seed: int) -> None:
 
 @functools.lru_cache(maxsize=8)
 def get_run_param_count(spec: RunSpec) -> int:
-    """Return the parameter count of a run's model."""
-    return get_param_count(build_model(spec))
+    """Return the parameter count of a run's model (built on the meta device: no weights allocated)."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **spec.shape.model_dump()))
+    return get_param_count(model)
 
 
 def get_param_count(model: torch.nn.Module) -> int:
