@@ -28,7 +28,7 @@ def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, t
           verbose: bool = typer.Option(True)) -> None:
     """Follow the configured runs on chain, audit the drawn steps (a newer draw within k steps interrupts an older
     audit), sign and submit this validator's votes."""
-    from node.training.auditor import TOLERANCE_FILE, load_tolerance
+    from node.training.auditor import TOLERANCE_FILE, load_shape_tolerances, load_tolerance
     from node.training.calibration import TRAJECTORY_FILE, load_trajectory_policy
     from node.training.service import WatchedRun, run_auditor
     from node.training.spec import RunSpec
@@ -48,7 +48,8 @@ def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, t
         key.removeprefix("0x")), tolerance=load_tolerance(tolerance or TOLERANCE_FILE), trajectory=policy,
         journal=Path(cfg["journal"]), timeout_s=float(cfg["timeout_s"]),
         spool=Path(cfg["spool"]) if cfg.get("spool") else None,
-        recompute_lock=Path(cfg["recompute_lock"]) if cfg.get("recompute_lock") else None)
+        recompute_lock=Path(cfg["recompute_lock"]) if cfg.get("recompute_lock") else None,
+        shape_tolerances=load_shape_tolerances(tolerance or TOLERANCE_FILE))
 
 
 @training_app.command("calibrate")
@@ -99,8 +100,8 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
                   f"tolerance: {asdict(tolerance)}")
     work.mkdir(parents=True, exist_ok=True)
     write_tolerance(work / "tolerance.json", tolerance, spread, per_variant, margin)
-    if write:
-        write_tolerance(TOLERANCE_FILE, tolerance, spread, per_variant, margin)
+    if write:  # tiny: the file's default; another shape: its own entry under per_shape
+        write_tolerance(TOLERANCE_FILE, tolerance, spread, per_variant, margin, shape=shape)
 
 
 @training_app.command("trajectory")

@@ -68,10 +68,18 @@ class AuditTolerance:
     init_alpha: float
 
 
-def load_tolerance(path: Path = TOLERANCE_FILE) -> AuditTolerance:
-    """Return the calibrated tolerance."""
+def load_tolerance(path: Path = TOLERANCE_FILE, shape: str | None = None) -> AuditTolerance:
+    """Return the calibrated tolerance: the named shape's own (its `per_shape` entry) when it has one, else the
+    file's top-level one (calibrated on the tiny llama)."""
     d = json.loads(path.read_text())
+    if shape is not None and shape in d.get("per_shape", {}):
+        d = d["per_shape"][shape]
     return AuditTolerance(**{k: float(d["tolerance"][k]) for k in AuditTolerance.__dataclass_fields__})
+
+
+def load_shape_tolerances(path: Path = TOLERANCE_FILE) -> dict[str, AuditTolerance]:
+    """Return the per-shape tolerances of a tolerance file (shape name → tolerance; empty when it has none)."""
+    return {shape: load_tolerance(path, shape) for shape in json.loads(path.read_text()).get("per_shape", {})}
 
 
 @dataclass(frozen=True)

@@ -192,10 +192,18 @@ def run_honest_calibration(base: RunSpec, work_dir: Path, drop_responses: bool =
 
 
 def write_tolerance(path: Path, tolerance: AuditTolerance, spread: Spread, per_variant: dict[str, Spread],
-                    margin: float) -> None:
-    """Write the calibrated tolerance with the spread it came from."""
-    path.write_text(json.dumps({"tolerance": asdict(tolerance), "margin": margin, "spread": asdict(spread),
-                                "per_variant": {k: asdict(v) for k, v in per_variant.items()}}, indent=1) + "\n")
+                    margin: float, shape: str | None = None) -> None:
+    """Write the calibrated tolerance with the spread it came from; with a shape other than tiny, as that shape's
+    `per_shape` entry of the file (the rest of the file unchanged)."""
+    entry = {"tolerance": asdict(tolerance), "margin": margin, "spread": asdict(spread),
+             "per_variant": {k: asdict(v) for k, v in per_variant.items()}}
+    if shape is not None and shape != "tiny":
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        doc.setdefault("per_shape", {})[shape] = entry
+        entry = doc
+    elif path.exists() and "per_shape" in (old := json.loads(path.read_text())):
+        entry["per_shape"] = old["per_shape"]
+    path.write_text(json.dumps(entry, indent=1) + "\n")
 
 
 # --- trajectory checks: thresholds from honest ledgers, checked on one-cheat runs -------------------------------

@@ -56,7 +56,7 @@ from node.training.job import get_request_dir, get_response_dir
 from node.training.model import get_declared_schedule
 from node.training.onchain import get_audited_steps, get_training_contract, submit_audit_vote
 from node.training.scheduler import AuditSchedule, CancellableWorker
-from node.training.spec import RunSpec
+from node.training.spec import RunSpec, get_shape_name
 from node.training.trajectory import (
     TrajectoryDecision,
     TrajectoryPolicy,
@@ -164,6 +164,11 @@ class AuditorService:
     store: Store | None = None  # slashing protection: a decision is recorded (synced) before its vote is signed
     spool: Path | None = None  # where this auditor keeps the responses it saw (None: read the prover's folder)
     recompute_lock: Path | None = None  # a lock file shared by auditors on one machine (devnet): one recompute
+    shape_tolerances: dict[str, AuditTolerance] = field(default_factory=dict)  # a shape's own calibration
+
+    def get_tolerance(self, spec: RunSpec) -> AuditTolerance:
+        """Return the tolerance for a run: its shape's own calibration if there is one, else the default."""
+        return self.shape_tolerances.get(get_shape_name(spec.shape), self.tolerance)
 
     def get_spool(self, run: WatchedRun, step: int) -> Path | None:
         """Return this auditor's folder for a step's kept response (None without a spool)."""
@@ -303,7 +308,7 @@ class AuditorService:
             anchor = self.contract.get_anchor(run.run_id, run.index_of[step])
             verify_anchor_head(entries, anchor.last_step, anchor.head)
         return AuditContext(spec=run.spec, corpus=load_corpus(run.spec.corpus_files, run.spec.seq_len),
-                            beacons=tuple(run.beacons), entries=tuple(entries), tolerance=self.tolerance)
+                            beacons=tuple(run.beacons), entries=tuple(entries), tolerance=self.get_tolerance(run.spec))
 
     def collect_result(self, runs: list[WatchedRun], timeout_s: float) -> None:
         """Take the worker's verdict when it is done."""
@@ -366,13 +371,14 @@ class AuditorService:
 
 def run_auditor(runs: list[WatchedRun], *, rpc_url: str, contract_address: str, validator_key: bytes,
                 tolerance: AuditTolerance, trajectory: TrajectoryPolicy | None, journal: Path, timeout_s: float,
-                threads: int = 1, spool: Path | None = None, recompute_lock: Path | None = None) -> None:
+                threads: int = 1, spool: Path | None = None, recompute_lock: Path | None = None,
+                shape_tolerances: dict[str, AuditTolerance] | None = None) -> None:
     """Follow runs until each is finished and all its drawn audits are voted (or the timeout passes)."""
     contract = get_training_contract(rpc_url, contract_address)
     store = Store(journal.parent / f"{journal.stem}.protection", int(contract.w3.eth.chain_id), contract.address)
     service = AuditorService(contract=contract, validator=Account.from_key(validator_key), tolerance=tolerance,
                              trajectory=trajectory, journal=journal, worker=CancellableWorker(threads), store=store,
-                             spool=spool, recompute_lock=recompute_lock)
+                             spool=spool, recompute_lock=recompute_lock, shape_tolerances=shape_tolerances or {})
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:

@@ -156,3 +156,22 @@ def test_the_auditor_keeps_the_response_it_first_saw_and_a_later_rewrite_does_no
     os.replace(served / "new.tmp", served / "state.npy")  # the prover's atomic rewrite
     assert (kept / "state.npy").read_bytes() == b"Z1" and (kept / "state_prev.npy").read_bytes() == b"Z0"
     assert keep_response(served, None, 1) == served
+
+
+def test_a_shape_tolerance_is_its_own_entry_and_other_shapes_keep_the_default(tmp_path):
+    from node.training.auditor import AuditTolerance, load_shape_tolerances, load_tolerance
+    from node.training.calibration import Spread, write_tolerance
+    from node.training.service import AuditorService
+    from node.training.spec import RunSpec
+
+    path = tmp_path / "tolerance.json"
+    spread = Spread(1, 1e-6, 1e-7, 1e-7, 1e-6, 1e-6, 1.0)
+    tiny, smol = AuditTolerance(1e-5, 1e-6, 1e-5, 1e-3), AuditTolerance(2e-5, 3e-6, 4e-5, 1e-3)
+    write_tolerance(path, tiny, spread, {}, 10.0)
+    write_tolerance(path, smol, spread, {}, 10.0, shape="smollm2")
+    write_tolerance(path, tiny, spread, {}, 10.0)  # recalibrating the default keeps the shape's entry
+    assert load_tolerance(path) == tiny and load_tolerance(path, "tiny") == tiny
+    assert load_tolerance(path, "smollm2") == smol
+    service = AuditorService(contract=None, validator=None, tolerance=tiny, trajectory=None,
+                             journal=tmp_path / "j.jsonl", worker=None, shape_tolerances=load_shape_tolerances(path))
+    assert service.get_tolerance(RunSpec(shape=SMOLLM2_135M)) == smol and service.get_tolerance(RunSpec()) == tiny
