@@ -39,6 +39,7 @@ from node.training.spec import RunSpec, compute_keep_checkpoints, get_shape
 
 log = logging.getLogger(__name__)
 BOND = 2 * 10**18
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 VALIDATOR_STAKE = 5 * 10**18
 AUDITOR_ACCOUNTS = (2, 5, 6)  # three validators of equal stake: two votes settle an audit
 
@@ -166,9 +167,13 @@ def run_prover(out: Path, anvil: Anvil, training: TrainingContract, run: DevnetR
 
 
 def run_provers(out: Path, anvil: Anvil, training: TrainingContract, runs: list[DevnetRun]) -> None:
-    """Run the provers one after the other; a prover stopped by the chain (slashed) ends only its own run."""
+    """Run the provers one after the other, each registered just before its job (window 0's beacon is the block
+    after the registration and must be read within 256 blocks: a SmolLM2-shaped run takes longer than that);
+    a prover stopped by the chain (slashed) ends only its own run."""
     for run in runs:
         try:
+            if training.get_run(run.spec.spec_hash()).prover == ZERO_ADDRESS:
+                register(training, run)
             run_prover(out, anvil, training, run)
         except Exception:  # a slashed prover's next anchor reverts and its job ends; the next prover still runs
             log.warning("prover %s stopped", run.name, exc_info=True)
@@ -372,8 +377,7 @@ def _run_devnet(out: Path, plan: DevnetPlan, timeout_s: float, k: int, on_state:
     with Anvil(block_time=1, log_path=out / "anvil.log") as anvil:
         w3 = anvil.web3()
         training, treasury, auditor_accounts = deploy_devnet(w3)
-        for run in runs:
-            register(training, run)
+        register(training, runs[0])  # the others register when their job starts (run_provers)
         replay = check_nonce_replay(training, runs[0])
         auditors = [start_auditor(out, name, anvil, training, account, runs, timeout_s, k)
                     for name, account in zip(names, auditor_accounts, strict=True)]
