@@ -71,9 +71,10 @@ class DevnetPlan:
         return compute_keep_checkpoints(self.anchor_every)
 
 
-# the SmolLM2-shaped demo: 64 tokens per worker-step (a step takes seconds on a CPU, not minutes), m = 2 so that
-# the shadow keeps K = 4 states of 1.08 GB; 12 steps put 10 cheating steps (3..12) under audit at p = 0.4
-DEVNET_PLANS = {"tiny": DevnetPlan(), "smollm2": DevnetPlan(shape="smollm2", steps=12, anchor_every=2)}
+# the SmolLM2-shaped demo: 64 tokens per worker-step (a step takes seconds on a CPU, not minutes), m = 1 so that
+# the shadow keeps K = 2 states of 1.08 GB each; 10 steps put 9 cheating steps (2..10) under audit at p = 0.4:
+# P(at least one drawn) = 1 − 0.6⁹ = 0.990
+DEVNET_PLANS = {"tiny": DevnetPlan(), "smollm2": DevnetPlan(shape="smollm2", steps=10, anchor_every=1)}
 
 
 def get_devnet_plan(shape: str, steps: int | None = None, anchor_every: int | None = None,
@@ -284,6 +285,7 @@ class MemorySampler:
         self.peak_bytes = 0
         self.peak_at_s = 0.0
         self.peak_parts: dict[str, int] = {}
+        self.peak_pss_bytes = 0  # the proportional set size: shared library pages counted once across processes
         self.timeline: list[tuple[float, int]] = []
 
     def __enter__(self) -> MemorySampler:
@@ -300,13 +302,16 @@ class MemorySampler:
 
         me = psutil.Process()
         parts: dict[str, int] = {}
+        pss = 0
         for proc in [me, *me.children(recursive=True)]:
             try:
-                rss = proc.memory_info().rss
+                info = proc.memory_full_info()
                 role = get_process_role(proc.cmdline(), proc.pid == me.pid)
             except psutil.Error:  # ended between the listing and the read
                 continue
-            parts[role] = parts.get(role, 0) + rss
+            parts[role] = parts.get(role, 0) + info.rss
+            pss += getattr(info, "pss", info.rss)
+        self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
         total = sum(parts.values())
         now = time.time() - self.started
         self.timeline.append((round(now, 2), total))
@@ -322,6 +327,7 @@ class MemorySampler:
         """Return the peak (bytes, when, per role) and a timeline thinned to ≤ 300 points."""
         step = max(1, len(self.timeline) // 300)
         return {"peak_rss_bytes": self.peak_bytes, "peak_rss_gb": round(self.peak_bytes / 1e9, 2),
+                "peak_pss_gb": round(self.peak_pss_bytes / 1e9, 2),
                 "peak_at_s": round(self.peak_at_s, 1), "peak_by_role_gb": {
                     k: round(v / 1e9, 2) for k, v in sorted(self.peak_parts.items())},
                 "samples": len(self.timeline), "period_s": self.period_s, "timeline": self.timeline[::step]}

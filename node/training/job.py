@@ -238,6 +238,7 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
                          float(np.mean([p[2] for p in parts])), float(grad.norm()), get_logged_lr(plan, step))
             with (plan.out_dir / "steps.jsonl").open("a") as f:  # timings for the workload record's trace
                 f.write(json.dumps({"step": step, "start_ns": started_ns, "end_ns": time.time_ns()}) + "\n")
+        del grad  # the next step's backward must not find this one's gradient still alive
         if step % spec.anchor_every == 0 or step == spec.steps:
             drawn = _anchor(plan, writer, last_anchor + 1 if last_anchor else 0, step)
             last_anchor = step

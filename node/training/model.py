@@ -83,10 +83,11 @@ def compute_local_gradient(model: LlamaForCausalLM, windows: np.ndarray) -> tupl
     ids = torch.as_tensor(windows, dtype=torch.long)
     logits = model(input_ids=ids[:, :-1], use_cache=False).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    model.zero_grad(set_to_none=False)
+    model.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
-    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-    return float(loss.detach()), grad.detach().clone()
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).detach()
+    model.zero_grad(set_to_none=True)  # the flat copy is all that is kept: no second gradient between steps
+    return float(loss.detach()), grad
 
 
 @dataclass
@@ -104,8 +105,11 @@ class TrainState:
 
 def compute_update(state: TrainState, grad: torch.Tensor, lr: float, momentum: float) -> TrainState:
     """Return the SGD-with-momentum step: buf = μ·buf + g; θ = θ − lr·buf (torch.optim.SGD's formula)."""
-    buf = state.momentum * momentum + grad
-    return TrainState(step=state.step + 1, params=state.params - lr * buf, momentum=buf)
+    buf = state.momentum * momentum
+    buf += grad  # in place on the fresh product: the same two roundings as μ·buf + g, one temporary fewer
+    params = buf * lr
+    torch.sub(state.params, params, out=params)  # θ − lr·buf into the fresh product (same rounding)
+    return TrainState(step=state.step + 1, params=params, momentum=buf)
 
 
 def get_named_values(state: TrainState, positions: np.ndarray) -> np.ndarray:

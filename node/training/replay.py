@@ -46,9 +46,9 @@ def compute_replay(spec: RunSpec, prev: TrainState, replica_windows: Sequence[np
         loss, grad = compute_local_gradient(model, windows)
         grads.append(grad)
         losses.append(loss)
-    total = torch.zeros_like(grads[0])
+    mean = torch.zeros_like(grads[0])
     for g in grads:
-        total += g
-    mean = total / len(grads)
+        mean += g
+    mean /= len(grads)  # in place: the same rounding as total / N
     state = compute_update(prev, mean, compute_lr(spec, step), spec.momentum)
     return Replay(state=state, replica_grads=tuple(grads), mean_grad=mean, losses=tuple(losses))
