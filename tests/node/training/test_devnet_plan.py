@@ -190,4 +190,4 @@ def test_the_memory_sampler_sums_the_process_tree(tmp_path):
         child.wait(30)
     summary = memory.summary()
     assert summary["peak_rss_bytes"] > 200 * 2**20 and summary["samples"] >= 5
-    assert set(summary["peak_by_role_gb"]) == {"devnet", "other"}
+    assert {"devnet", "other"} <= set(summary["peak_by_role_gb"])
