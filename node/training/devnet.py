@@ -286,6 +286,7 @@ class MemorySampler:
         self.peak_at_s = 0.0
         self.peak_parts: dict[str, int] = {}
         self.peak_pss_bytes = 0  # the proportional set size: shared library pages counted once across processes
+        self.role_max: dict[str, int] = {}  # the largest single process of each role over the run
         self.timeline: list[tuple[float, int]] = []
 
     def __enter__(self) -> MemorySampler:
@@ -303,12 +304,23 @@ class MemorySampler:
         me = psutil.Process()
         parts: dict[str, int] = {}
         pss = 0
-        for proc in [me, *me.children(recursive=True)]:
+        procs = [me, *me.children(recursive=True)]
+        services = set()
+        for proc in procs:
+            try:
+                if get_process_role(proc.cmdline(), proc.pid == me.pid) == "auditor-service":
+                    services.add(proc.pid)
+            except psutil.Error:
+                continue
+        for proc in procs:
             try:
                 info = proc.memory_full_info()
                 role = get_process_role(proc.cmdline(), proc.pid == me.pid)
+                if role == "job-rank-or-audit-child":  # an auditor's recomputation child, or a rank of the gloo job
+                    role = "auditor-child" if proc.ppid() in services else "job-rank"
             except psutil.Error:  # ended between the listing and the read
                 continue
+            self.role_max[role] = max(self.role_max.get(role, 0), info.rss)
             parts[role] = parts.get(role, 0) + info.rss
             pss += getattr(info, "pss", info.rss)
         self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
@@ -330,6 +342,7 @@ class MemorySampler:
                 "peak_pss_gb": round(self.peak_pss_bytes / 1e9, 2),
                 "peak_at_s": round(self.peak_at_s, 1), "peak_by_role_gb": {
                     k: round(v / 1e9, 2) for k, v in sorted(self.peak_parts.items())},
+                "largest_process_by_role_gb": {k: round(v / 1e9, 2) for k, v in sorted(self.role_max.items())},
                 "samples": len(self.timeline), "period_s": self.period_s, "timeline": self.timeline[::step]}
 
 
