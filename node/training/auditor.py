@@ -210,14 +210,16 @@ def compute_audit_measurement(spec: RunSpec, prev: TrainState, windows: list[np.
                               served: np.ndarray) -> AuditMeasurement:
     """Re-execute step t from Z(t−1) and return how far the result is from the served state and the ledger."""
     started = time.perf_counter()
-    replay = compute_replay(spec, prev, windows, entry.step)
+    seed = spec.lsh_seed()
+    sketches: list[np.ndarray] = []  # each replica's gradient is sketched as it comes and not kept
+    replay = compute_replay(spec, prev, windows, entry.step,
+                            on_grad=lambda g: sketches.append(compute_sketch(spec.lsh_kind, g.numpy(), seed,
+                                                                             spec.lsh_dim)))
     n = prev.params.numel()
     positions = np.asarray(entry.positions, dtype=np.int64)
     named = compute_relative_error(get_named_values(replay.state, positions).astype(np.float64),
                                    np.asarray(entry.values, dtype=np.float64),
                                    get_named_values(prev, positions).astype(np.float64))
-    seed = spec.lsh_seed()
-    sketches = [compute_sketch(spec.lsh_kind, grad.numpy(), seed, spec.lsh_dim) for grad in replay.replica_grads]
     worst_replica = 0.0
     for sketch, claimed in zip(sketches, entry.replica_lsh, strict=True):
         mine = compute_quantisation(sketch, spec.lsh_scale)
