@@ -419,6 +419,7 @@ def _shadow_loop(plan: JobPlan) -> None:
                     timers[-1].start()
                 else:
                     serve()
+                del serve  # its on-demand Z(s) (1.08 GB for SmolLM2) must not outlive the serving
     for t in timers:
         t.join()
 
