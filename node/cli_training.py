@@ -20,14 +20,15 @@ training_app = typer.Typer(help="Training verification: audit runs, calibrate, r
 
 
 @training_app.command("audit")
-def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, timeout_s, runs[dir, prover, beacon]."),
+def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, timeout_s, runs[dir, prover, spec]; "
+                                             "optional spool (kept responses), recompute_lock (a shared lock file)."),
           key_env: str = typer.Option("VERINFER_PRIVATE_KEY", help="Env variable holding the validator's hex key."),
           tolerance: Path = typer.Option(None, help="Tolerance JSON (default: the calibrated one)."),
           trajectory: Path = typer.Option(None, help="Trajectory policy JSON (default: the calibrated one)."),
           verbose: bool = typer.Option(True)) -> None:
     """Follow the configured runs on chain, audit the drawn steps (a newer draw within k steps interrupts an older
     audit), sign and submit this validator's votes."""
-    from node.training.auditor import TOLERANCE_FILE, load_tolerance
+    from node.training.auditor import TOLERANCE_FILE, load_shape_tolerances, load_tolerance
     from node.training.calibration import TRAJECTORY_FILE, load_trajectory_policy
     from node.training.service import WatchedRun, run_auditor
     from node.training.spec import RunSpec
@@ -45,7 +46,10 @@ def audit(config: Path = typer.Option(..., help="JSON: rpc, contract, journal, t
         load_trajectory_policy() if TRAJECTORY_FILE.exists() else None)
     run_auditor(runs, rpc_url=cfg["rpc"], contract_address=cfg["contract"], validator_key=bytes.fromhex(
         key.removeprefix("0x")), tolerance=load_tolerance(tolerance or TOLERANCE_FILE), trajectory=policy,
-        journal=Path(cfg["journal"]), timeout_s=float(cfg["timeout_s"]))
+        journal=Path(cfg["journal"]), timeout_s=float(cfg["timeout_s"]),
+        spool=Path(cfg["spool"]) if cfg.get("spool") else None,
+        recompute_lock=Path(cfg["recompute_lock"]) if cfg.get("recompute_lock") else None,
+        shape_tolerances=load_shape_tolerances(tolerance or TOLERANCE_FILE))
 
 
 @training_app.command("calibrate")
@@ -54,7 +58,12 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
               margin: float = typer.Option(10.0, help="Threshold = margin × honest maximum."),
               write: bool = typer.Option(False, help="Write node/training/tolerance.json."),
               pool: list[Path] = typer.Option([], help="Earlier runs' tolerance files whose honest spread is "
-                                                       "pooled with this run's (each column's largest value).")
+                                                       "pooled with this run's (each column's largest value)."),
+              shape: str = typer.Option("tiny", help="Model shape: tiny or smollm2 (SmolLM2-135M's architecture)."),
+              anchor_every: int = typer.Option(5, help="m: steps per anchor (every step is drawn and served at its "
+                                                       "window's anchor, so the shadow keeps K = m states)."),
+              drop_responses: bool = typer.Option(False, help="Delete each variant's served checkpoints once audited "
+                                                              "(smollm2: 1.08 GB per state)."),
               ) -> None:
     """Measure the honest spread across thread counts, world sizes and reduction orders; set the tolerance."""
     from node.training.auditor import TOLERANCE_FILE
@@ -65,10 +74,16 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
         run_honest_calibration,
         write_tolerance,
     )
-    from node.training.spec import RunSpec
+    from node.training.spec import RunSpec, UnknownShape, compute_keep_checkpoints, get_shape
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    spread, per_variant, verdicts = run_honest_calibration(RunSpec(steps=steps, anchor_every=5), work)
+    try:
+        model_shape = get_shape(shape)
+    except UnknownShape as e:
+        raise typer.BadParameter(str(e), param_hint="--shape") from e
+    base = RunSpec(shape=model_shape, steps=steps, anchor_every=anchor_every,
+                   keep_checkpoints=compute_keep_checkpoints(anchor_every, offchain=False))
+    spread, per_variant, verdicts = run_honest_calibration(base, work, drop_responses=drop_responses)
     for i, path in enumerate(pool, start=1):  # honest data of earlier runs (another day, another load) counts too
         earlier, earlier_variants = load_spread(path)
         spread = compute_pooled_spread([spread, earlier])
@@ -85,8 +100,8 @@ def calibrate(work: Path = typer.Option(Path("bench-results/training-calibration
                   f"tolerance: {asdict(tolerance)}")
     work.mkdir(parents=True, exist_ok=True)
     write_tolerance(work / "tolerance.json", tolerance, spread, per_variant, margin)
-    if write:
-        write_tolerance(TOLERANCE_FILE, tolerance, spread, per_variant, margin)
+    if write:  # tiny: the file's default; another shape: its own entry under per_shape
+        write_tolerance(TOLERANCE_FILE, tolerance, spread, per_variant, margin, shape=shape)
 
 
 @training_app.command("trajectory")
@@ -177,23 +192,35 @@ def _state_table(state: dict[str, Any]) -> Table:
 
 @training_app.command("devnet")
 def devnet(out: Path = typer.Option(Path("bench-results/training-devnet"), help="Output folder."),
-           steps: int = typer.Option(20, help="Steps per run."),
-           anchor_every: int = typer.Option(5, help="m: steps per anchor."),
-           audit_rate: float = typer.Option(0.4, help="p: audit rate."),
-           timeout: float = typer.Option(900.0, help="Seconds before giving up."),
+           shape: str = typer.Option("smollm2", help="Model shape: smollm2 (SmolLM2-135M's architecture, the demo) "
+                                                     "or tiny (the tests' llama)."),
+           steps: int = typer.Option(None, help="Steps per run (default: the shape's demo plan)."),
+           anchor_every: int = typer.Option(None, help="m: steps per anchor (default: the shape's demo plan)."),
+           audit_rate: float = typer.Option(None, help="p: audit rate (default: the shape's demo plan, 0.4)."),
+           timeout: float = typer.Option(1800.0, help="Seconds before giving up."),
            k: int = typer.Option(1, help="Audit interruption window in steps (measured recompute ÷ step).")) -> None:
     """Anvil + contracts, an honest and a cheating gloo job, three validators each running its own auditor
     process; exit 0 iff the cheater is slashed and the honest run is not."""
-    from node.training.devnet import run_devnet
+    from node.training.devnet import compute_catch_probability, get_devnet_plan, run_devnet
+    from node.training.spec import UnknownShape
 
     logging.basicConfig(level=logging.WARNING)
+    try:
+        plan = get_devnet_plan(shape, steps, anchor_every, audit_rate)
+    except UnknownShape as e:
+        raise typer.BadParameter(str(e), param_hint="--shape") from e
+    console.print(f"shape {plan.shape}: {plan.steps} steps, m = {plan.anchor_every}, K = {plan.keep_checkpoints}, "
+                  f"p = {plan.audit_rate}; P(a cheating step is audited) = {compute_catch_probability(plan):.3f}")
     with Live(Table(), console=console, refresh_per_second=2) as live:
-        summary = run_devnet(out, steps, anchor_every, audit_rate, timeout, k=k,
-                             on_state=lambda s: live.update(_state_table(s)))
+        summary = run_devnet(out, plan, timeout, k=k, on_state=lambda s: live.update(_state_table(s)))
         live.update(_state_table(summary["final"]))
     console.print(f"votes counted per validator: {summary['votes']}; auditors: {summary['journals']}")
     console.print(f"nonce replay: {summary['nonce_replay']}; gas per anchored step: "
                   f"{summary['gas_per_anchored_step']:.0f}; outputs in {out}")
+    mem = summary["memory"]
+    console.print(f"peak memory (RSS of the process tree, every {mem['period_s']} s): {mem['peak_rss_gb']} GB at "
+                  f"{mem['peak_at_s']} s {mem['peak_by_role_gb']}; wall {summary['wall_s']} s; "
+                  f"step times {summary['step_times']}")
     console.print("[green]cheater slashed, honest run kept its bond[/green]" if summary["ok"]
                   else "[red]devnet FAILED[/red]")
     raise typer.Exit(0 if summary["ok"] else 1)

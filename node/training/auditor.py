@@ -9,6 +9,8 @@ typed rejection into an invalid verdict with its reason.
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 import logging
 import time
@@ -41,8 +43,14 @@ from node.training.initcheck import (
     is_moment_accepted,
 )
 from node.training.ledger_store import decode_entry, recover_head_signer
-from node.training.model import TrainState, get_declared_schedule, get_run_param_count, state_from_vector
-from node.training.replay import compute_replay
+from node.training.model import (
+    TrainState,
+    get_declared_schedule,
+    get_named_values,
+    get_run_param_count,
+    state_from_vector,
+)
+from node.training.replay import compute_replay, get_replay_model
 from node.training.spec import RunSpec
 from node.training.trajectory import verify_declared_schedule
 
@@ -60,10 +68,18 @@ class AuditTolerance:
     init_alpha: float
 
 
-def load_tolerance(path: Path = TOLERANCE_FILE) -> AuditTolerance:
-    """Return the calibrated tolerance."""
+def load_tolerance(path: Path = TOLERANCE_FILE, shape: str | None = None) -> AuditTolerance:
+    """Return the calibrated tolerance: the named shape's own (its `per_shape` entry) when it has one, else the
+    file's top-level one (calibrated on the tiny llama)."""
     d = json.loads(path.read_text())
+    if shape is not None and shape in d.get("per_shape", {}):
+        d = d["per_shape"][shape]
     return AuditTolerance(**{k: float(d["tolerance"][k]) for k in AuditTolerance.__dataclass_fields__})
+
+
+def load_shape_tolerances(path: Path = TOLERANCE_FILE) -> dict[str, AuditTolerance]:
+    """Return the per-shape tolerances of a tolerance file (shape name → tolerance; empty when it has none)."""
+    return {shape: load_tolerance(path, shape) for shape in json.loads(path.read_text()).get("per_shape", {})}
 
 
 @dataclass(frozen=True)
@@ -115,10 +131,20 @@ def read_published_ledger(path: Path, run_id: bytes, prover: str | None) -> list
     return entries
 
 
+def get_response_files(folder: Path, step: int) -> list[Path]:
+    """Return the files a complete response of a step has (step 0: the initial state alone)."""
+    return [folder / "state.npy"] + ([folder / "state_prev.npy", folder / "batch.json"] if step > 0 else [])
+
+
+def is_response_complete(folder: Path, step: int) -> bool:
+    """Check whether every file of a step's response was served (each is written atomically)."""
+    return all(p.exists() for p in get_response_files(folder, step))
+
+
 def load_response(folder: Path, step: int) -> AuditResponse | None:
     """Return a complete served response from its folder, or None while it is incomplete."""
     state = folder / "state.npy"
-    needed = [state] + ([folder / "state_prev.npy", folder / "batch.json"] if step > 0 else [])
+    needed = get_response_files(folder, step)
     if not all(p.exists() for p in needed):
         return None
     try:
@@ -163,10 +189,20 @@ def verify_batches(spec: RunSpec, corpus: Corpus, entry: LedgerEntry, response: 
     return windows
 
 
+CHUNK = 1 << 20  # elements per float64 block of the norms (8 MB): no float64 copy of a whole Z
+
+
 def compute_relative_error(mine: np.ndarray, claimed: np.ndarray, before: np.ndarray) -> float:
-    """Return ‖mine − claimed‖ / ‖mine − before‖: the gap relative to the step's own update (0 if both vanish)."""
-    gap = float(np.linalg.norm(mine - claimed))
-    update = float(np.linalg.norm(mine - before))
+    """Return ‖mine − claimed‖ / ‖mine − before‖: the gap relative to the step's own update (0 if both vanish).
+
+    The differences and squares are taken in float64, block by block, so a 135 M-parameter state needs 3 × 8 MB
+    of float64, not three float64 copies of Z."""
+    gap_sq = update_sq = 0.0
+    for i in range(0, mine.size, CHUNK):
+        m = mine[i:i + CHUNK].astype(np.float64)
+        gap_sq += float(np.dot(d := m - claimed[i:i + CHUNK].astype(np.float64), d))
+        update_sq += float(np.dot(d := m - before[i:i + CHUNK].astype(np.float64), d))
+    gap, update = gap_sq ** 0.5, update_sq ** 0.5
     return 0.0 if gap == 0.0 else gap / max(update, 1e-30)
 
 
@@ -174,23 +210,27 @@ def compute_audit_measurement(spec: RunSpec, prev: TrainState, windows: list[np.
                               served: np.ndarray) -> AuditMeasurement:
     """Re-execute step t from Z(t−1) and return how far the result is from the served state and the ledger."""
     started = time.perf_counter()
-    replay = compute_replay(spec, prev, windows, entry.step)
-    z_new, z_prev = replay.state.vector().astype(np.float64), prev.vector().astype(np.float64)
-    z_served, n = served.astype(np.float64), prev.params.numel()
-    positions = np.asarray(entry.positions, dtype=np.int64)
-    named = compute_relative_error(z_new[positions], np.asarray(entry.values, dtype=np.float64), z_prev[positions])
     seed = spec.lsh_seed()
-    sketches = [compute_sketch(spec.lsh_kind, grad.numpy(), seed, spec.lsh_dim) for grad in replay.replica_grads]
+    sketches: list[np.ndarray] = []  # each replica's gradient is sketched as it comes and not kept
+    replay = compute_replay(spec, prev, windows, entry.step,
+                            on_grad=lambda g: sketches.append(compute_sketch(spec.lsh_kind, g.numpy(), seed,
+                                                                             spec.lsh_dim)))
+    n = prev.params.numel()
+    positions = np.asarray(entry.positions, dtype=np.int64)
+    named = compute_relative_error(get_named_values(replay.state, positions).astype(np.float64),
+                                   np.asarray(entry.values, dtype=np.float64),
+                                   get_named_values(prev, positions).astype(np.float64))
     worst_replica = 0.0
     for sketch, claimed in zip(sketches, entry.replica_lsh, strict=True):
         mine = compute_quantisation(sketch, spec.lsh_scale)
         worst_replica = max(worst_replica, compute_sketch_distance(np.asarray(claimed), mine).relative_l2)
     # the all-reduced gradient's sketch is the mean of the replicas' (the projection is linear)
     lsh = compute_quantisation(np.mean(sketches, axis=0), spec.lsh_scale)
+    new, before = replay.state, prev
     return AuditMeasurement(
         step=entry.step,
-        rel_param_error=compute_relative_error(z_new[:n], z_served[:n], z_prev[:n]),
-        rel_momentum_error=compute_relative_error(z_new[n:], z_served[n:], z_prev[n:]),
+        rel_param_error=compute_relative_error(new.params.numpy(), served[:n], before.params.numpy()),
+        rel_momentum_error=compute_relative_error(new.momentum.numpy(), served[n:], before.momentum.numpy()),
         named_rel_error=named,
         lsh_rel_error=compute_sketch_distance(np.asarray(entry.lsh), lsh).relative_l2,
         replica_lsh_rel_error=worst_replica,
@@ -236,7 +276,7 @@ def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float)
     if step >= len(ctx.entries):
         raise InvalidTraining("audited step not in the ledger", TrainingReason.LEDGER_STEP_GAP, step)
     n_params = get_run_param_count(spec)
-    served = state_from_vector(step, response.state, n_params)
+    served = state_from_vector(step, response.state, n_params, copy=False)  # views: checked, never written
     verify_named_values(response.state, ctx.entries[step], ctx.get_step_beacon(step), spec.named_positions)
     if step == 0:
         m = compute_init_measurement(spec, served.params.numpy(), sample=200_000,
@@ -252,13 +292,33 @@ def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float)
                             f"init KS min p {m.min_p_value:.3g}, moments min p {moments.min_p_value:.3g}")
     if response.state_prev is None:
         raise InvalidTraining("no Z(t−1) served", TrainingReason.CHECKPOINT_MISSING, step)
-    prev = state_from_vector(step - 1, response.state_prev, n_params)
+    prev = state_from_vector(step - 1, response.state_prev, n_params, copy=False)
     verify_named_values(response.state_prev, ctx.entries[step - 1], ctx.get_step_beacon(step - 1),
                         spec.named_positions)
     verify_declared_schedule([ctx.entries[step]], get_declared_schedule(spec))
     windows = verify_batches(spec, ctx.corpus, ctx.entries[step], response)
     return decide_audit(compute_audit_measurement(spec, prev, windows, ctx.entries[step], response.state),
                         ctx.tolerance)
+
+
+def process_served_audit(ctx: AuditContext, folder: Path, step: int, arrived_at: float, announced_at: float,
+                         lock: Path | None = None) -> AuditVerdict:
+    """Load a served response from `folder` and audit it (in the auditor's child process, so the parent never
+    holds the checkpoints); with `lock`, loading and re-execution hold the machine's recompute lock."""
+    from node.training.scheduler import hold_recompute_lock
+
+    with hold_recompute_lock(lock):
+        try:
+            response = load_response(folder, step)
+        except InvalidTraining as e:
+            return AuditVerdict(step, False, e.training_reason, str(e))
+        if response is None:
+            return AuditVerdict(step, False, TrainingReason.CHECKPOINT_MISSING, "served response disappeared")
+        verdict = process_audit(ctx, dataclasses.replace(response, arrived_at=arrived_at), announced_at)
+        del response
+        get_replay_model.cache_clear()  # its parameters are views of this response's Z(t−1): let both go
+        gc.collect()
+    return verdict
 
 
 def process_audit(ctx: AuditContext, response: AuditResponse | None, announced_at: float) -> AuditVerdict:

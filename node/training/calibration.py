@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -167,8 +168,10 @@ def compute_tolerance(spread: Spread, margin: float, init_alpha: float) -> Audit
                           lsh_rel_error=margin * sketch, init_alpha=init_alpha)
 
 
-def run_honest_calibration(base: RunSpec, work_dir: Path) -> tuple[Spread, dict[str, Spread], list[AuditVerdict]]:
-    """Run every honest variant fully audited; return the overall and per-variant spread and all verdicts."""
+def run_honest_calibration(base: RunSpec, work_dir: Path, drop_responses: bool = False,
+                           ) -> tuple[Spread, dict[str, Spread], list[AuditVerdict]]:
+    """Run every honest variant fully audited; return the overall and per-variant spread and all verdicts
+    (drop_responses: delete a variant's served checkpoints once it is audited)."""
     per_variant: dict[str, Spread] = {}
     all_measurements: list[AuditMeasurement] = []
     verdicts: list[AuditVerdict] = []
@@ -178,6 +181,8 @@ def run_honest_calibration(base: RunSpec, work_dir: Path) -> tuple[Spread, dict[
         run_audited_job(spec, work_dir / v.name, threads=v.prover_threads)
         job_s = time.perf_counter() - started
         vs = audit_job(spec, work_dir / v.name, OPEN_TOLERANCE, auditor_threads=v.auditor_threads)
+        if drop_responses:
+            shutil.rmtree(work_dir / v.name / "responses", ignore_errors=True)
         verdicts.extend(vs)
         ms = [x.measurement for x in vs if x.measurement is not None]
         per_variant[v.name] = compute_spread(ms)
@@ -187,10 +192,18 @@ def run_honest_calibration(base: RunSpec, work_dir: Path) -> tuple[Spread, dict[
 
 
 def write_tolerance(path: Path, tolerance: AuditTolerance, spread: Spread, per_variant: dict[str, Spread],
-                    margin: float) -> None:
-    """Write the calibrated tolerance with the spread it came from."""
-    path.write_text(json.dumps({"tolerance": asdict(tolerance), "margin": margin, "spread": asdict(spread),
-                                "per_variant": {k: asdict(v) for k, v in per_variant.items()}}, indent=1) + "\n")
+                    margin: float, shape: str | None = None) -> None:
+    """Write the calibrated tolerance with the spread it came from; with a shape other than tiny, as that shape's
+    `per_shape` entry of the file (the rest of the file unchanged)."""
+    entry = {"tolerance": asdict(tolerance), "margin": margin, "spread": asdict(spread),
+             "per_variant": {k: asdict(v) for k, v in per_variant.items()}}
+    if shape is not None and shape != "tiny":
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        doc.setdefault("per_shape", {})[shape] = entry
+        entry = doc
+    elif path.exists() and "per_shape" in (old := json.loads(path.read_text())):
+        entry["per_shape"] = old["per_shape"]
+    path.write_text(json.dumps(entry, indent=1) + "\n")
 
 
 # --- trajectory checks: thresholds from honest ledgers, checked on one-cheat runs -------------------------------

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -34,10 +35,11 @@ from chain.training import TrainingContract, TrainingDeployConfig
 from node.training.corpus import load_corpus
 from node.training.job import Cheat, JobPlan, remove_job_outputs, run_job
 from node.training.onchain import ChainAudits
-from node.training.spec import RunSpec
+from node.training.spec import RunSpec, compute_keep_checkpoints, get_shape
 
 log = logging.getLogger(__name__)
 BOND = 2 * 10**18
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 VALIDATOR_STAKE = 5 * 10**18
 AUDITOR_ACCOUNTS = (2, 5, 6)  # three validators of equal stake: two votes settle an audit
 
@@ -52,10 +54,57 @@ class DevnetRun:
     cheats: tuple[Cheat, ...]
 
 
-def make_runs(steps: int, anchor_every: int, audit_rate: float) -> list[DevnetRun]:
+@dataclass(frozen=True)
+class DevnetPlan:
+    """What a devnet trains: the model shape and the run parameters (`get_devnet_plan` gives each shape's demo)."""
+
+    shape: str = "tiny"
+    steps: int = 20
+    anchor_every: int = 5
+    audit_rate: float = 0.4
+    seq_len: int = 32
+    batch_per_worker: int = 2
+
+    @property
+    def keep_checkpoints(self) -> int:
+        """Return K derived from m (on-chain audits and an off-chain request within the next window)."""
+        return compute_keep_checkpoints(self.anchor_every)
+
+
+# the SmolLM2-shaped demo: 64 tokens per worker-step (a step takes seconds on a CPU, not minutes), m = 1 so that
+# the shadow keeps K = 2 states of 1.08 GB each; 10 steps put 9 cheating steps (2..10) under audit at p = 0.4:
+# P(at least one drawn) = 1 − 0.6⁹ = 0.990
+DEVNET_PLANS = {"tiny": DevnetPlan(), "smollm2": DevnetPlan(shape="smollm2", steps=10, anchor_every=1)}
+
+
+def get_devnet_plan(shape: str, steps: int | None = None, anchor_every: int | None = None,
+                    audit_rate: float | None = None) -> DevnetPlan:
+    """Return a shape's demo plan with any parameter overridden (UnknownShape for a name outside SHAPES)."""
+    get_shape(shape)
+    base = DEVNET_PLANS[shape]
+    return DevnetPlan(shape=shape, steps=base.steps if steps is None else steps,
+                      anchor_every=base.anchor_every if anchor_every is None else anchor_every,
+                      audit_rate=base.audit_rate if audit_rate is None else audit_rate,
+                      seq_len=base.seq_len, batch_per_worker=base.batch_per_worker)
+
+
+def compute_catch_probability(plan: DevnetPlan) -> float:
+    """Return the probability that at least one of the cheater's steps (anchor_every+1..steps) is drawn.
+
+    A drawn step's audit is interrupted only by a newer drawn step within k, and the newest drawn cheating step
+    is never interrupted by another, so the cheater is audited in full iff any cheating step is drawn."""
+    cheating = max(0, plan.steps - plan.anchor_every)
+    return 1.0 - (1.0 - plan.audit_rate) ** cheating
+
+
+def make_runs(plan: DevnetPlan) -> list[DevnetRun]:
     """Return the honest run and the cheating run (undeclared data in every step after the first window)."""
+    steps, anchor_every = plan.steps, plan.anchor_every
+
     def spec(data_seed: int) -> RunSpec:
-        return RunSpec(steps=steps, anchor_every=anchor_every, audit_rate=audit_rate, data_seed=data_seed,
+        return RunSpec(shape=get_shape(plan.shape), steps=steps, anchor_every=anchor_every,
+                       audit_rate=plan.audit_rate, data_seed=data_seed, seq_len=plan.seq_len,
+                       batch_per_worker=plan.batch_per_worker, keep_checkpoints=plan.keep_checkpoints,
                        lsh_nonce=secrets.token_hex(32), response_deadline_s=60.0)
 
     cheats = tuple(Cheat("undeclared-batch", t) for t in range(anchor_every + 1, steps + 1))
@@ -96,7 +145,8 @@ def start_auditor(out: Path, name: str, anvil: Anvil, training: TrainingContract
                   runs: list[DevnetRun], timeout_s: float, k: int) -> subprocess.Popen[bytes]:
     """Start one validator's auditor in its own process (the CLI's `audit` command) with its own key."""
     config = {"rpc": anvil.url, "contract": training.address, "timeout_s": timeout_s, "k": k,
-              "journal": str(out / f"audits-{name}.jsonl"),
+              "journal": str(out / f"audits-{name}.jsonl"), "spool": str(out / f"spool-{name}"),
+              "recompute_lock": str(out / "recompute.lock"),  # one machine: one recomputation at a time
               "runs": [{"dir": str(out / r.name), "prover": r.account.address, "spec": r.spec.model_dump(mode="json")}
                        for r in runs]}
     (out / f"{name}.json").write_text(json.dumps(config, indent=1))
@@ -118,9 +168,13 @@ def run_prover(out: Path, anvil: Anvil, training: TrainingContract, run: DevnetR
 
 
 def run_provers(out: Path, anvil: Anvil, training: TrainingContract, runs: list[DevnetRun]) -> None:
-    """Run the provers one after the other; a prover stopped by the chain (slashed) ends only its own run."""
+    """Run the provers one after the other, each registered just before its job (window 0's beacon is the block
+    after the registration and must be read within 256 blocks: a SmolLM2-shaped run takes longer than that);
+    a prover stopped by the chain (slashed) ends only its own run."""
     for run in runs:
         try:
+            if training.get_run(run.spec.spec_hash()).prover == ZERO_ADDRESS:
+                register(training, run)
             run_prover(out, anvil, training, run)
         except Exception:  # a slashed prover's next anchor reverts and its job ends; the next prover still runs
             log.warning("prover %s stopped", run.name, exc_info=True)
@@ -220,18 +274,129 @@ def get_journal_summary(out: Path, names: list[str]) -> dict[str, Any]:
     return summary
 
 
-def run_devnet(out: Path, steps: int, anchor_every: int, audit_rate: float, timeout_s: float, k: int = 1,
-               on_state: Any = None) -> dict[str, Any]:
+class MemorySampler:
+    """Samples the resident memory of this process and all its descendants (every `period_s`) in a thread."""
+
+    def __init__(self, period_s: float = 0.2) -> None:
+        self.period_s = period_s
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="memory-sampler")
+        self.started = time.time()
+        self.peak_bytes = 0
+        self.peak_at_s = 0.0
+        self.peak_parts: dict[str, int] = {}
+        self.peak_pss_bytes = 0  # the proportional set size: shared library pages counted once across processes
+        self.role_max: dict[str, int] = {}  # the largest single process of each role over the run
+        self.timeline: list[tuple[float, int]] = []
+
+    def __enter__(self) -> MemorySampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=5)
+
+    def sample(self) -> None:
+        """Take one sample: the sum of RSS over the process tree, and per role at a new peak."""
+        import psutil
+
+        me = psutil.Process()
+        parts: dict[str, int] = {}
+        pss = 0
+        procs = [me, *me.children(recursive=True)]
+        services = set()
+        for proc in procs:
+            try:
+                if get_process_role(proc.cmdline(), proc.pid == me.pid) == "auditor-service":
+                    services.add(proc.pid)
+            except psutil.Error:
+                continue
+        for proc in procs:
+            try:
+                info = proc.memory_full_info()
+                role = get_process_role(proc.cmdline(), proc.pid == me.pid)
+                if role == "job-rank-or-audit-child":  # an auditor's recomputation child, or a rank of the gloo job
+                    role = "auditor-child" if proc.ppid() in services else "job-rank"
+            except psutil.Error:  # ended between the listing and the read
+                continue
+            self.role_max[role] = max(self.role_max.get(role, 0), info.rss)
+            parts[role] = parts.get(role, 0) + info.rss
+            pss += getattr(info, "pss", info.rss)
+        self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
+        total = sum(parts.values())
+        now = time.time() - self.started
+        self.timeline.append((round(now, 2), total))
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_at_s, self.peak_parts = total, now, parts
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            self.sample()
+            self.stop_event.wait(self.period_s)
+
+    def summary(self) -> dict[str, Any]:
+        """Return the peak (bytes, when, per role) and a timeline thinned to ≤ 300 points."""
+        step = max(1, len(self.timeline) // 300)
+        return {"peak_rss_bytes": self.peak_bytes, "peak_rss_gb": round(self.peak_bytes / 1e9, 2),
+                "peak_pss_gb": round(self.peak_pss_bytes / 1e9, 2),
+                "peak_at_s": round(self.peak_at_s, 1), "peak_by_role_gb": {
+                    k: round(v / 1e9, 2) for k, v in sorted(self.peak_parts.items())},
+                "largest_process_by_role_gb": {k: round(v / 1e9, 2) for k, v in sorted(self.role_max.items())},
+                "samples": len(self.timeline), "period_s": self.period_s, "timeline": self.timeline[::step]}
+
+
+def get_process_role(cmdline: list[str], is_root: bool) -> str:
+    """Return a devnet process's role from its command line (the sampler's breakdown)."""
+    text = " ".join(cmdline)
+    if is_root:
+        return "devnet"
+    if "anvil" in text:
+        return "anvil"
+    if "training_app" in text and "audit" in text:
+        return "auditor-service"
+    if "spawn_main" in text or "multiprocessing" in text:
+        return "job-rank-or-audit-child"
+    return "other"
+
+
+def get_step_times(out: Path, runs: list[DevnetRun]) -> dict[str, dict[str, float]]:
+    """Return per run the median and largest step wall-clock (seconds, from steps.jsonl)."""
+    import statistics
+
+    result = {}
+    for run in runs:
+        path = out / run.name / "steps.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        secs = [(r["end_ns"] - r["start_ns"]) / 1e9 for r in rows]
+        if secs:
+            result[run.name] = {"steps": len(secs), "median_s": round(statistics.median(secs), 2),
+                                "max_s": round(max(secs), 2)}
+    return result
+
+
+def run_devnet(out: Path, plan: DevnetPlan, timeout_s: float, k: int = 1, on_state: Any = None) -> dict[str, Any]:
     """Run the whole devnet and return its summary (`ok` is the exit criterion)."""
+    started_all = time.time()
+    with MemorySampler() as memory:
+        summary = _run_devnet(out, plan, timeout_s, k, on_state)
+    summary["memory"] = memory.summary()
+    summary["wall_s"] = round(time.time() - started_all, 1)
+    (out / "devnet.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def _run_devnet(out: Path, plan: DevnetPlan, timeout_s: float, k: int, on_state: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    runs = make_runs(steps, anchor_every, audit_rate)
+    for old in out.glob("spool-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    runs = make_runs(plan)
     state_log: list[dict[str, Any]] = []
     names = [f"auditor-{i}" for i in range(len(AUDITOR_ACCOUNTS))]
     with Anvil(block_time=1, log_path=out / "anvil.log") as anvil:
         w3 = anvil.web3()
         training, treasury, auditor_accounts = deploy_devnet(w3)
-        for run in runs:
-            register(training, run)
+        register(training, runs[0])  # the others register when their job starts (run_provers)
         replay = check_nonce_replay(training, runs[0])
         auditors = [start_auditor(out, name, anvil, training, account, runs, timeout_s, k)
                     for name, account in zip(names, auditor_accounts, strict=True)]
@@ -265,6 +430,8 @@ def run_devnet(out: Path, steps: int, anchor_every: int, audit_rate: float, time
                "gas_per_anchored_step": (sum(g["gas"] for g in gas) / max(1, sum(g["steps"] for g in gas))),
                "record": {"path": str(out / "record"), "traces": trace_ids},
                "specs": {r.name: r.spec.model_dump(mode="json") for r in runs},
+               "plan": {**plan.__dict__, "keep_checkpoints": plan.keep_checkpoints,
+                        "catch_probability": round(compute_catch_probability(plan), 4)},
+               "step_times": get_step_times(out, runs),
                "cheats": {r.name: [c.__dict__ for c in r.cheats] for r in runs}}
-    (out / "devnet.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary

@@ -238,6 +238,7 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
                          float(np.mean([p[2] for p in parts])), float(grad.norm()), get_logged_lr(plan, step))
             with (plan.out_dir / "steps.jsonl").open("a") as f:  # timings for the workload record's trace
                 f.write(json.dumps({"step": step, "start_ns": started_ns, "end_ns": time.time_ns()}) + "\n")
+        del grad  # the next step's backward must not find this one's gradient still alive
         if step % spec.anchor_every == 0 or step == spec.steps:
             drawn = _anchor(plan, writer, last_anchor + 1 if last_anchor else 0, step)
             last_anchor = step
@@ -418,28 +419,38 @@ def _shadow_loop(plan: JobPlan) -> None:
                     timers[-1].start()
                 else:
                     serve()
+                del serve  # its on-demand Z(s) (1.08 GB for SmolLM2) must not outlive the serving
     for t in timers:
         t.join()
 
 
 def _make_state_server(plan: JobPlan, shadow: ShadowState, step: int, beacon: bytes) -> Any:
-    """Return a callable writing Z(s−1) and Z(s) for an audit (doctored or forged for those cheats)."""
+    """Return a callable writing Z(s−1) and Z(s) for an audit (doctored or forged for those cheats).
+
+    An honest server holds the two states (the buffer's own tensors, never changed in place) and writes each
+    as params then momentum straight into the .npy, so serving builds no Z vector (2 × 4 bytes × params)."""
     from node.training import attacks  # the dishonest provers' serving; honest runs never call into it
 
     try:
-        prev = shadow.get_state(step - 1).vector() if step > 0 else None
-        cur = shadow.get_state(step).vector()
+        prev_state = shadow.get_state(step - 1) if step > 0 else None
+        cur_state = shadow.get_state(step)
     except Exception:  # a step that left the buffer is simply not served: the auditor sees a missed audit
         log.warning("audit of step %d can no longer be served", step)
         return lambda: None
-    if get_cheat(plan, step).kind in SERVE_CHEATS and prev is not None:
-        prev, cur = attacks.compute_served_states(plan, step, prev, cur, beacon)
     folder = get_response_dir(plan.out_dir, step)
+    if get_cheat(plan, step).kind in SERVE_CHEATS and prev_state is not None:
+        prev, cur = attacks.compute_served_states(plan, step, prev_state.vector(), cur_state.vector(), beacon)
+
+        def serve_vectors() -> None:
+            _write_atomically(folder, "state_prev.npy", lambda p: _save_npy(p, prev))
+            _write_atomically(folder, "state.npy", lambda p: _save_npy(p, cur))
+
+        return serve_vectors
 
     def serve() -> None:
-        if prev is not None:
-            _write_atomically(folder, "state_prev.npy", lambda p: _save_npy(p, prev))
-        _write_atomically(folder, "state.npy", lambda p: _save_npy(p, cur))
+        if prev_state is not None:
+            _write_atomically(folder, "state_prev.npy", lambda p: save_state_npy(p, prev_state))
+        _write_atomically(folder, "state.npy", lambda p: save_state_npy(p, cur_state))
 
     return serve
 
@@ -447,6 +458,17 @@ def _make_state_server(plan: JobPlan, shadow: ShadowState, step: int, beacon: by
 def _save_npy(path: Path, array: np.ndarray) -> None:
     with path.open("wb") as f:
         np.save(f, array)
+
+
+def save_state_npy(path: Path, state: TrainState) -> None:
+    """Write Z = params ‖ momentum as a float32 .npy (the bytes np.save writes for state.vector()) without
+    concatenating the two tensors."""
+    n = state.params.numel() + state.momentum.numel()
+    with path.open("wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
+                                                 "fortran_order": False, "shape": (n,)})
+        for part in (state.params, state.momentum):
+            f.write(part.detach().contiguous().numpy().astype("<f4", copy=False).data)
 
 
 def remove_job_outputs(out_dir: Path) -> None:

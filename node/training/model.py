@@ -43,8 +43,10 @@ def compute_declared_init(model: torch.nn.Module, seed: int) -> None:
 
 @functools.lru_cache(maxsize=8)
 def get_run_param_count(spec: RunSpec) -> int:
-    """Return the parameter count of a run's model."""
-    return get_param_count(build_model(spec))
+    """Return the parameter count of a run's model (built on the meta device: no weights allocated)."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **spec.shape.model_dump()))
+    return get_param_count(model)
 
 
 def get_param_count(model: torch.nn.Module) -> int:
@@ -81,10 +83,11 @@ def compute_local_gradient(model: LlamaForCausalLM, windows: np.ndarray) -> tupl
     ids = torch.as_tensor(windows, dtype=torch.long)
     logits = model(input_ids=ids[:, :-1], use_cache=False).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    model.zero_grad(set_to_none=False)
+    model.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
-    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-    return float(loss.detach()), grad.detach().clone()
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).detach()
+    model.zero_grad(set_to_none=True)  # the flat copy is all that is kept: no second gradient between steps
+    return float(loss.detach()), grad
 
 
 @dataclass
@@ -102,8 +105,11 @@ class TrainState:
 
 def compute_update(state: TrainState, grad: torch.Tensor, lr: float, momentum: float) -> TrainState:
     """Return the SGD-with-momentum step: buf = μ·buf + g; θ = θ − lr·buf (torch.optim.SGD's formula)."""
-    buf = state.momentum * momentum + grad
-    return TrainState(step=state.step + 1, params=state.params - lr * buf, momentum=buf)
+    buf = state.momentum * momentum
+    buf += grad  # in place on the fresh product: the same two roundings as μ·buf + g, one temporary fewer
+    params = buf * lr
+    torch.sub(state.params, params, out=params)  # θ − lr·buf into the fresh product (same rounding)
+    return TrainState(step=state.step + 1, params=params, momentum=buf)
 
 
 def get_named_values(state: TrainState, positions: np.ndarray) -> np.ndarray:
@@ -115,8 +121,11 @@ def get_named_values(state: TrainState, positions: np.ndarray) -> np.ndarray:
     return values.numpy().astype(np.float32)
 
 
-def state_from_vector(step: int, z: np.ndarray, n_params: int) -> TrainState:
-    """Return the TrainState of a flat Z vector, refusing a wrong shape, dtype or non-finite values."""
+def state_from_vector(step: int, z: np.ndarray, n_params: int, copy: bool = True) -> TrainState:
+    """Return the TrainState of a flat Z vector, refusing a wrong shape, dtype or non-finite values.
+
+    With copy=False the state's tensors are views of z (the auditor's loaded response, never changed in place:
+    no second copy of a 135 M-parameter Z)."""
     if z.dtype != np.float32:
         raise InvalidTraining(f"checkpoint of step {step} has dtype {z.dtype}, not float32",
                               TrainingReason.CHECKPOINT_DTYPE, step)
@@ -126,5 +135,8 @@ def state_from_vector(step: int, z: np.ndarray, n_params: int) -> TrainState:
     if not np.isfinite(z).all():
         raise InvalidTraining(f"checkpoint of step {step} holds NaN or infinity", TrainingReason.CHECKPOINT_NON_FINITE,
                               step)
+    if not copy:
+        t = torch.from_numpy(z)
+        return TrainState(step=step, params=t[:n_params], momentum=t[n_params:])
     t = torch.from_numpy(z.copy())
     return TrainState(step=step, params=t[:n_params].clone(), momentum=t[n_params:].clone())

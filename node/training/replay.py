@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,18 +37,26 @@ def get_replay_model(spec: RunSpec) -> LlamaForCausalLM:
     return build_model(spec)
 
 
-def compute_replay(spec: RunSpec, prev: TrainState, replica_windows: Sequence[np.ndarray], step: int) -> Replay:
-    """Return Z′(t): each replica's gradient at Z(t−1), summed in rank order, averaged, one declared update."""
+def compute_replay(spec: RunSpec, prev: TrainState, replica_windows: Sequence[np.ndarray], step: int,
+                   on_grad: Callable[[torch.Tensor], None] | None = None) -> Replay:
+    """Return Z′(t): each replica's gradient at Z(t−1), summed in rank order, averaged, one declared update.
+
+    With `on_grad`, each replica's gradient is handed to it (the auditor sketches it) and not kept: the sum
+    runs as the gradients come (the same additions in the same order), so one replica gradient is alive at a
+    time and `replica_grads` is empty."""
     model = get_replay_model(spec)
     set_params_vector(model, prev.params)
     grads, losses = [], []
+    mean = torch.zeros(prev.params.numel(), dtype=torch.float32)
     for windows in replica_windows:
         loss, grad = compute_local_gradient(model, windows)
-        grads.append(grad)
+        mean += grad
         losses.append(loss)
-    total = torch.zeros_like(grads[0])
-    for g in grads:
-        total += g
-    mean = total / len(grads)
+        if on_grad is None:
+            grads.append(grad)
+        else:
+            on_grad(grad)
+        del grad
+    mean /= len(replica_windows)  # in place: the same rounding as total / N
     state = compute_update(prev, mean, compute_lr(spec, step), spec.momentum)
     return Replay(state=state, replica_grads=tuple(grads), mean_grad=mean, losses=tuple(losses))

@@ -10,11 +10,14 @@ that would interrupt it has finished: its verdict stands.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from node.protocol.ledger import InvalidTraining, TrainingReason
@@ -61,6 +64,27 @@ class AuditSchedule:
     def is_live(self, step: int) -> bool:
         """Check whether an audit is still to be run or running."""
         return step in self.drawn and step not in self.interrupted and step not in self.finished
+
+
+@contextlib.contextmanager
+def hold_recompute_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive flock on `path` for the block (no lock when None).
+
+    Auditors sharing one machine (the devnet's three validators) take it around loading a response and
+    re-executing the step, so at most one 135 M-parameter recomputation is in memory at a time. The kernel
+    drops the lock when its holder dies, so an interrupted (killed) recomputation never leaves it held. In a
+    real deployment every validator audits on its own machine and the lock guards nothing.
+    """
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, threads: int) -> None:

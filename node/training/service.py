@@ -23,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,8 +45,10 @@ from node.training.auditor import (
     AuditResponse,
     AuditTolerance,
     AuditVerdict,
+    get_response_files,
+    is_response_complete,
     load_response,
-    process_audit,
+    process_served_audit,
     read_published_ledger,
 )
 from node.training.corpus import load_corpus
@@ -52,7 +56,7 @@ from node.training.job import get_request_dir, get_response_dir
 from node.training.model import get_declared_schedule
 from node.training.onchain import get_audited_steps, get_training_contract, submit_audit_vote
 from node.training.scheduler import AuditSchedule, CancellableWorker
-from node.training.spec import RunSpec
+from node.training.spec import RunSpec, get_shape_name
 from node.training.trajectory import (
     TrajectoryDecision,
     TrajectoryPolicy,
@@ -65,6 +69,31 @@ from node.training.trajectory import (
 
 log = logging.getLogger(__name__)
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+
+
+@dataclass(frozen=True)
+class SeenResponse:
+    """A served response as the auditor first saw it complete: where its files are kept, and when."""
+
+    folder: Path
+    arrived_at: float
+
+
+def keep_response(served: Path, spool: Path | None, step: int) -> Path:
+    """Return the folder the auditor audits a response from: with a spool, its own copy of the files taken on
+    first sight (a hard link where the filesystem allows — the prover replaces files atomically, so a link keeps
+    the bytes first seen — else a copy); without one, the prover's folder itself. In a real deployment this is
+    the auditor's download of the response."""
+    if spool is None:
+        return served
+    shutil.rmtree(spool, ignore_errors=True)
+    spool.mkdir(parents=True)
+    for path in get_response_files(served, step):
+        try:
+            os.link(path, spool / path.name)
+        except OSError:
+            shutil.copyfile(path, spool / path.name)
+    return spool
 
 
 @dataclass
@@ -80,7 +109,7 @@ class WatchedRun:
     schedule: AuditSchedule = field(default_factory=lambda: AuditSchedule(k=1))
     index_of: dict[int, int] = field(default_factory=dict)  # drawn step → anchor index
     drawn_at: dict[int, float] = field(default_factory=dict)  # step → when this auditor saw it drawn/requested
-    responses: dict[int, AuditResponse] = field(default_factory=dict)  # stamped on first sight
+    responses: dict[int, SeenResponse] = field(default_factory=dict)  # stamped on first sight
     offchain: set[int] = field(default_factory=set)
     multiplier: float = 1.0
     closed: bool = False
@@ -133,6 +162,17 @@ class AuditorService:
     on_record: Callable[[dict[str, Any]], None] | None = None
     running: tuple[WatchedRun, int] | None = None
     store: Store | None = None  # slashing protection: a decision is recorded (synced) before its vote is signed
+    spool: Path | None = None  # where this auditor keeps the responses it saw (None: read the prover's folder)
+    recompute_lock: Path | None = None  # a lock file shared by auditors on one machine (devnet): one recompute
+    shape_tolerances: dict[str, AuditTolerance] = field(default_factory=dict)  # a shape's own calibration
+
+    def get_tolerance(self, spec: RunSpec) -> AuditTolerance:
+        """Return the tolerance for a run: its shape's own calibration if there is one, else the default."""
+        return self.shape_tolerances.get(get_shape_name(spec.shape), self.tolerance)
+
+    def get_spool(self, run: WatchedRun, step: int) -> Path | None:
+        """Return this auditor's folder for a step's kept response (None without a spool)."""
+        return None if self.spool is None else self.spool / run.run_id.hex()[:16] / f"{step:08d}"
 
     def process_run(self, run: WatchedRun) -> None:
         """Read new anchors of a run whose draw is ready, schedule their audits, stamp responses, vote late ones."""
@@ -229,13 +269,15 @@ class AuditorService:
         for t in self.get_waiting(run):
             if t in run.responses:
                 continue
-            try:
-                response = load_response(get_response_dir(run.out_dir, t), t)
-            except InvalidTraining as e:
-                self.on_verdict(run, t, AuditVerdict(t, False, e.training_reason, str(e)))
-                continue
-            if response is not None:
-                run.responses[t] = dataclasses.replace(response, arrived_at=time.time())
+            served = get_response_dir(run.out_dir, t)
+            if is_response_complete(served, t):  # the files are read (and checked) by the audit's child process
+                arrived = time.time()
+                try:
+                    folder = keep_response(served, self.get_spool(run, t), t)
+                except OSError as e:  # vanished between the check and the link: seen again next round
+                    log.warning("response of step %d not kept: %s", t, e)
+                    continue
+                run.responses[t] = SeenResponse(folder, arrived)
             elif time.time() > run.drawn_at[t] + run.spec.response_deadline_s * (2 if t in run.offchain else 1):
                 self.on_verdict(run, t, AuditVerdict(t, False, TrainingReason.LATE_RESPONSE,
                                                      "no response before the deadline"))
@@ -253,8 +295,9 @@ class AuditorService:
                 except InvalidTraining as e:
                     self.on_verdict(run, t, AuditVerdict(t, False, e.training_reason, str(e)))
                     return
-                self.worker.submit(f"{run.run_id.hex()[:10]}:{t}", process_audit, ctx, run.responses[t],
-                                   run.drawn_at[t])
+                seen = run.responses[t]
+                self.worker.submit(f"{run.run_id.hex()[:10]}:{t}", process_served_audit, ctx, seen.folder, t,
+                                   seen.arrived_at, run.drawn_at[t], self.recompute_lock)
                 self.running = (run, t)
                 return
 
@@ -265,7 +308,7 @@ class AuditorService:
             anchor = self.contract.get_anchor(run.run_id, run.index_of[step])
             verify_anchor_head(entries, anchor.last_step, anchor.head)
         return AuditContext(spec=run.spec, corpus=load_corpus(run.spec.corpus_files, run.spec.seq_len),
-                            beacons=tuple(run.beacons), entries=tuple(entries), tolerance=self.tolerance)
+                            beacons=tuple(run.beacons), entries=tuple(entries), tolerance=self.get_tolerance(run.spec))
 
     def collect_result(self, runs: list[WatchedRun], timeout_s: float) -> None:
         """Take the worker's verdict when it is done."""
@@ -289,6 +332,9 @@ class AuditorService:
     def on_verdict(self, run: WatchedRun, step: int, verdict: AuditVerdict) -> None:
         """Journal a verdict, then (drawn steps only) sign and submit this validator's vote."""
         offchain = step in run.offchain and step not in run.index_of
+        seen = run.responses.pop(step, None)
+        if seen is not None and self.spool is not None:  # the checkpoints are not kept past the verdict
+            shutil.rmtree(seen.folder, ignore_errors=True)
         if offchain:
             run.offchain.discard(step)
         else:
@@ -325,12 +371,14 @@ class AuditorService:
 
 def run_auditor(runs: list[WatchedRun], *, rpc_url: str, contract_address: str, validator_key: bytes,
                 tolerance: AuditTolerance, trajectory: TrajectoryPolicy | None, journal: Path, timeout_s: float,
-                threads: int = 1) -> None:
+                threads: int = 1, spool: Path | None = None, recompute_lock: Path | None = None,
+                shape_tolerances: dict[str, AuditTolerance] | None = None) -> None:
     """Follow runs until each is finished and all its drawn audits are voted (or the timeout passes)."""
     contract = get_training_contract(rpc_url, contract_address)
     store = Store(journal.parent / f"{journal.stem}.protection", int(contract.w3.eth.chain_id), contract.address)
     service = AuditorService(contract=contract, validator=Account.from_key(validator_key), tolerance=tolerance,
-                             trajectory=trajectory, journal=journal, worker=CancellableWorker(threads), store=store)
+                             trajectory=trajectory, journal=journal, worker=CancellableWorker(threads), store=store,
+                             spool=spool, recompute_lock=recompute_lock, shape_tolerances=shape_tolerances or {})
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:

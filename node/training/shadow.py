@@ -43,9 +43,9 @@ class ShadowState:
         if step != latest.step + 1:
             raise InvalidTraining(f"gradient of step {step} after state {latest.step}", TrainingReason.LEDGER_STEP_GAP,
                                   step)
+        while len(self.states) >= self.spec.keep_checkpoints and len(self.states) > 1:
+            self.states.popitem(last=False)  # dropped before the new state exists: K + 1 states never coexist
         self.states[step] = self.update(latest, grad, step)
-        while len(self.states) > self.spec.keep_checkpoints:
-            self.states.popitem(last=False)
 
     def get_state(self, step: int) -> TrainState:
         """Return Z(step) from the buffer, or the pending step's state computed on demand."""

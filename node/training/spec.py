@@ -27,6 +27,40 @@ class ModelShape(BaseModel):
 
 SMOLLM2_135M = ModelShape(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                           num_key_value_heads=3, max_position_embeddings=2048)
+SHAPES = {"tiny": ModelShape(), "smollm2": SMOLLM2_135M}
+
+
+class UnknownShape(ValueError):
+    """A shape name outside SHAPES."""
+
+
+def get_shape(name: str) -> ModelShape:
+    """Return the named model shape (`tiny` or `smollm2`); UnknownShape otherwise."""
+    if name not in SHAPES:
+        raise UnknownShape(f"unknown model shape {name!r}: expected one of {', '.join(SHAPES)}")
+    return SHAPES[name]
+
+
+def get_shape_name(shape: ModelShape) -> str:
+    """Return the name of a known shape, or "custom"."""
+    return next((name for name, s in SHAPES.items() if s == shape), "custom")
+
+
+def compute_keep_checkpoints(anchor_every: int, offchain: bool = True) -> int:
+    """Return the smallest K (the shadow's buffer) that can serve every audit of a step when it is asked.
+
+    Steps are anchored in windows of m = anchor_every; the draw of a window's audits is fixed by the block after
+    its anchor, and the prover waits for that draw before it trains further. When the window ending at step e
+    is anchored the shadow holds Z(e−1) applied and step e's gradient pending (Z(e) on demand), and the oldest
+    state an on-chain audit of the window needs is Z(e−m) (step e−m+1's Z(t−1); window 0 is steps 0..m, whose
+    step 0 needs Z(0) = Z(e−m) too): K = m states Z(e−m)..Z(e−1). An auditor's off-chain request (a raised rate)
+    is read after that anchor and served at the next one, ending at e + m: its oldest state is again Z(e−m), so
+    covering off-chain requests made within the following window takes K = 2m. A request later than that is
+    not served (the auditor journals it late; off-chain verdicts never vote).
+    """
+    if anchor_every < 1:
+        raise ValueError(f"anchor_every must be ≥ 1, not {anchor_every}")
+    return max(2, (2 if offchain else 1) * anchor_every)
 
 
 class RunSpec(BaseModel):
