@@ -220,13 +220,7 @@ def compute_own_candidate_weights(params: SamplingParams, positions: Positions, 
     if n == 0:
         empty: np.ndarray = positions.weights.astype(np.int64)
         return empty
-    if params.temperature == 0.0:
-        if not np.isfinite(x).all():
-            raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
-        top = np.argmax(x + np.float32(0.0), axis=1)  # first maximum: ties go to the lower id
-        own: np.ndarray = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0).astype(np.int64)
-        return own
-    if params.top_k == 0 and params.top_p >= 1.0:
+    if params.temperature != 0.0 and params.top_k == 0 and params.top_p >= 1.0:  # each block checks its rows
         unmasked = np.empty(positions.token_ids.shape, dtype=np.int64)
         scratch = np.empty((min(n, _BLOCK_ROWS), x.shape[1]), dtype=np.float32)
         for start in range(0, n, _BLOCK_ROWS):  # blocks of rows that stay in cache through the six passes
@@ -236,6 +230,10 @@ def compute_own_candidate_weights(params: SamplingParams, positions: Positions, 
         return unmasked
     if not np.isfinite(x).all():
         raise InvalidParams("logits contain NaN or inf", Reason.NON_FINITE_LOGITS)
+    if params.temperature == 0.0:
+        top = np.argmax(x + np.float32(0.0), axis=1)  # first maximum: ties go to the lower id
+        own: np.ndarray = np.where(positions.token_ids == top[:, None], WEIGHT_MAX, 0).astype(np.int64)
+        return own
     return np.stack([compute_own_weights(compute_tempered_probs(x[i], params.temperature) + np.float32(0.0),
                                          params)[0][positions.token_ids[i]] for i in range(n)]).astype(np.int64)
 

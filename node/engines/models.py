@@ -178,7 +178,8 @@ def locate_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def hold_file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if absent) for the block; the kernel drops it if we die."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -203,7 +204,7 @@ def materialise_model(spec: ModelSpec, cache_dir: Path | None = None) -> ModelFi
     folder = cache / "models" / spec.name
     marker = read_marker(folder)
     if marker is None:
-        with _locked(cache / "models" / f"{spec.name}.lock"):
+        with hold_file_lock(cache / "models" / f"{spec.name}.lock"):
             marker = read_marker(folder)
             if marker is None:
                 marker = _convert(spec, cache, folder)

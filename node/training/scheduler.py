@@ -11,7 +11,6 @@ that would interrupt it has finished: its verdict stands.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.engines.models import hold_file_lock
 from node.protocol.ledger import InvalidTraining, TrainingReason
 from node.protocol.lsh import compute_completed_audits
 
@@ -78,13 +78,8 @@ def hold_recompute_lock(path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with hold_file_lock(path):
+        yield
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, threads: int) -> None:
