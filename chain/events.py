@@ -173,7 +173,8 @@ class EventStream:
         if decoder is None:
             return None
         decoded = decoder.process_log(entry)
-        return ChainEvent(str(decoded["event"]), dict(decoded["args"]), int(entry["blockNumber"]),
+        args = decoded["args"]  # an AttributeDict: an event argument named "keys" shadows its .keys()
+        return ChainEvent(str(decoded["event"]), {name: args[name] for name in args}, int(entry["blockNumber"]),
                           str(Web3.to_hex(entry["blockHash"])), str(Web3.to_hex(entry["transactionHash"])),
                           int(entry["logIndex"]))
 

@@ -9,21 +9,27 @@ holders per duty, stake-weighted; each drawn validator checks its duties (node.m
 signs an expert verdict. A failed duty slashes and jails the operator through the hub. The hub committee then
 votes the inference valid only if every duty passed, which pays the honest operator.
 
-Simplifications, said so in docs/moe.md: one process (validators are objects with their own keys and sharing
-read-only tensors they both hold), the operator's payload (rows and leaves) is handed over in memory, and the
-hub's verdict is the duties' outcome (no dense stage-2 profile exists for the MoE model yet).
+Each validator runs the daemon's MoE duty service (node.validator.moe.MoeDutyService: its own LevelDB store,
+slashing protection and journaled transactions) and fetches each duty's slice from its operator over HTTP on
+loopback (node.moe.serve). Simplifications, said so in docs/moe.md: one process (the services share one asyncio
+loop in a thread, and validators holding the same tensor share one read-only copy), and the hub's verdict is
+the duties' outcome (no dense stage-2 profile exists for the MoE model yet).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
@@ -31,7 +37,9 @@ from chain.contracts import Commitment, Hub, HubConfig, ModelState, Params, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
 from chain.eip712 import Verdict, sign_verdict
-from chain.moe import DutyResult, ExpertDutyClient, MoeOpening, deploy_expert_duty, sign_expert_vote
+from chain.moe import DutyResult, ExpertDutyClient, MoeOpening, deploy_expert_duty
+from chain.txmanager import TxManager
+from node.moe.serve import MoeSliceStore, ServedMoe, make_moe_app
 from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash
 from node.protocol.fingerprint import build_fingerprint, compute_fingerprint_hash
 from node.protocol.hashing import keccak256
@@ -47,6 +55,8 @@ from node.protocol.moe import (
 )
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
+from node.store.leveldb import Store
+from node.validator.moe import MoeDutyService, MoeServiceConfig, compute_shape
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +81,7 @@ class MoeDevnetOptions(BaseModel):
     cheat_expert: str = "layer3.e1"
     per_duty: int = Field(2, ge=2, le=4)
     threads: int = Field(1, ge=1)
+    judge_timeout: float = Field(600.0, gt=0, description="seconds the validators' services get per inference")
     out: Path = Path("devnet-out")
 
 
@@ -97,11 +108,13 @@ class Served:
     """What an operator produced and committed for one request."""
 
     fed: list[int]
+    prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     trace: Any
     moe: MoeCommitment
     commitment: Commitment
     opening: MoeOpening
+    dense_fingerprint_hash: bytes
 
 
 def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, ...]:
@@ -121,6 +134,8 @@ class MoeOperator:
         self.name = name
         self.account = account
         self.cheat = cheat
+        self.slices = MoeSliceStore()  # served over HTTP to the drawn validators (node.moe.serve)
+        self.url = ""
 
     def serve(self, engine: Any, model_id: bytes, inference_id: int, prompt_ids: tuple[int, ...],
               params: SamplingParams, user_seed: int, stop_ids: frozenset[int]) -> Served:
@@ -144,25 +159,57 @@ class MoeOperator:
         dense_fp = compute_fingerprint_hash(build_fingerprint(gen.hidden, len(prompt_ids)))
         output_hash = compute_output_hash(gen.output_ids)
         router_root, counts, roots = moe.opening()
-        return Served(fed, gen.output_ids, trace, moe,
-                      Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(dense_fp, moe.root())),
-                      MoeOpening(output_hash, artifact.root, dense_fp, router_root, tuple(counts), tuple(roots)))
+        served = Served(fed, prompt_ids, tuple(gen.output_ids), trace, moe,
+                        Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(dense_fp, moe.root())),
+                        MoeOpening(output_hash, artifact.root, dense_fp, router_root, tuple(counts), tuple(roots)),
+                        dense_fp)
+        self.slices.put(inference_id, ServedMoe(moe, trace, prompt_ids, served.output_ids, artifact.root, dense_fp))
+        return served
 
 
-class MoeValidator:
-    """A validator: its key, its declared duties, and the duty checker holding only their weights."""
+class ServiceLoop:
+    """One asyncio loop in a thread: the validators' duty services and the operators' HTTP servers."""
 
-    def __init__(self, account: Any, holds: tuple[ExpertKey, ...], checker: Any) -> None:
-        self.account = account
-        self.holds = holds
-        self.checker = checker
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="moe-services", daemon=True)
+        self.thread.start()
+        self.tasks: list[Any] = []
 
-    def judge(self, served: Served, moe_root: bytes, duties: list[ExpertKey]) -> dict[ExpertKey, MoeReason]:
-        """Return its decision on each assigned duty (every one fails if the payload is not the committed root)."""
-        if served.moe.root() != moe_root:
-            return {k: MoeReason.EXPERT_ROOT_MISMATCH for k in duties}
-        names = self.checker.check(served.moe, served.trace, served.fed, duties)
-        return {k: names[str(k)] for k in duties}
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+        """Run a coroutine on the loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Start a long-running coroutine on the loop (its exception surfaces in `failures`)."""
+        self.tasks.append(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def failures(self) -> list[str]:
+        """Return the services that stopped with an error."""
+        return [f"{type(e).__name__}: {e}" for t in self.tasks if t.done() and (e := t.exception()) is not None]
+
+    def close(self) -> None:
+        """Stop every service and the loop."""
+        self.loop.call_soon_threadsafe(self.stop.set)
+        for t in self.tasks:
+            try:
+                t.result(10)
+            except Exception:  # reported by failures() before closing
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+async def serve_operator(op: MoeOperator) -> web.AppRunner:
+    """Serve an operator's MoE slices on a free loopback port; set its URL."""
+    runner = web.AppRunner(make_moe_app(op.slices))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    op.url = f"http://127.0.0.1:{port}"
+    return runner
 
 
 class MoeDevnet:
@@ -176,6 +223,8 @@ class MoeDevnet:
         self.started = time.monotonic()
         self.engine: Any = None  # the operators' engine (both run the same weights; the cheater patches one expert)
         self.validator_keys: list[Any] = []
+        self.services: list[MoeDutyService] = []  # one per validator
+        self.stores: list[Store] = []
 
     def note(self, line: str) -> None:
         """Print and keep one event line."""
@@ -220,29 +269,48 @@ class MoeDevnet:
             for op in operators:
                 hub.bond(op.account, Role.OPERATOR, 10 * 10**18)
             cache: dict[ExpertKey, Any] = {}
-            validators = []
-            for i, account in enumerate(val_keys):
-                hub.bond(account, Role.VALIDATOR, (3 + i) * 10**18)  # unequal stakes: the draw is weighted
-                holds = compute_holdings(i, layers, experts)
-                ed.declare_holdings(account, model_id, [compute_duty_key(k) for k in holds])
-                checker = DutyValidator(folder, MoeDutiesConfig(experts=tuple(str(k) for k in holds)), limits, cache)
-                validators.append(MoeValidator(account, holds, checker))
-            anvil_mine(w3, 1)
-            self.note(f"chain up: hub {hub.address}, ExpertDuty {ed.address}; {n} validators, "
-                      f"{self.options.per_duty} drawn per duty")
-            for r in range(self.options.rounds):
+            services = ServiceLoop()
+            shape = compute_shape(config)
+            try:
                 for op in operators:
-                    if hub.staker(op.account.address).jailed:
-                        continue
-                    prompt = PROMPTS[(2 * r + len(self.records)) % len(PROMPTS)]
-                    ids = tuple(tokenizer.encode_chat([{"role": "user", "content": prompt}]))
-                    self.records.append(self.one_inference(w3, hub, ed, op, validators, requester, model_id, ids))
-            return self.judge(hub, operators)
+                    services.call(serve_operator(op))
+                executers = {op.account.address: op.url for op in operators}
+                for i, account in enumerate(val_keys):
+                    hub.bond(account, Role.VALIDATOR, (3 + i) * 10**18)  # unequal stakes: the draw is weighted
+                    holds = compute_holdings(i, layers, experts)
+                    ed.declare_holdings(account, model_id, [compute_duty_key(k) for k in holds])
+                    duties = MoeDutiesConfig(experts=tuple(str(k) for k in holds))
+                    checker = DutyValidator(folder, duties, limits, cache)
+                    own_w3 = anvil.web3()  # each validator its own RPC client, as separate daemons would have
+                    store = Store(self.options.out / "validators" / f"v{i}", int(own_w3.eth.chain_id), hub.address)
+                    self.stores.append(store)
+                    svc = MoeDutyService(MoeServiceConfig(module=ed.address, model=self.options.model,
+                                                          experts=duties.experts),
+                                         account, Hub(own_w3, hub.address), ExpertDutyClient(own_w3, ed.address),
+                                         store, checker, shape, executers, TxManager(own_w3, account, store),
+                                         confirmations=0, poll_interval=0.1)
+                    self.services.append(svc)
+                    services.spawn(svc.run(services.stop))
+                anvil_mine(w3, 1)
+                self.note(f"chain up: hub {hub.address}, ExpertDuty {ed.address}; {n} validators running the MoE "
+                          f"duty service, {self.options.per_duty} drawn per duty; operators serve slices over HTTP")
+                for r in range(self.options.rounds):
+                    for op in operators:
+                        if hub.staker(op.account.address).jailed:
+                            continue
+                        prompt = PROMPTS[(2 * r + len(self.records)) % len(PROMPTS)]
+                        ids = tuple(tokenizer.encode_chat([{"role": "user", "content": prompt}]))
+                        self.records.append(self.one_inference(w3, hub, ed, op, services, requester, model_id, ids))
+                problems = [f"a duty service stopped: {f}" for f in services.failures()]
+            finally:
+                services.close()
+                for store in self.stores:
+                    store.close()
+            return problems + self.judge(hub, operators)
 
-    def one_inference(self, w3: Any, hub: Hub, ed: ExpertDutyClient, op: MoeOperator,
-                      validators: list[MoeValidator], requester: Any, model_id: bytes,
-                      prompt_ids: tuple[int, ...]) -> MoeInferenceRecord:
-        """Request, serve, commit, draw the duties, judge them, settle the inference on the hub."""
+    def one_inference(self, w3: Any, hub: Hub, ed: ExpertDutyClient, op: MoeOperator, services: ServiceLoop,
+                      requester: Any, model_id: bytes, prompt_ids: tuple[int, ...]) -> MoeInferenceRecord:
+        """Request, serve, commit, draw the duties, let the validators' services judge them, settle on the hub."""
         started = time.monotonic()
         params = SamplingParams(0.7, 0.95, 0, self.options.tokens)
         user_seed = 1000 + len(self.records)
@@ -252,31 +320,29 @@ class MoeDevnet:
         served = op.serve(self.engine, model_id, iid, prompt_ids, params, user_seed, frozenset({2}))
         hub.commit_inference(op.account, iid, served.commitment)
         anvil_mine(w3, 2)
+        before = hub.staker(op.account.address).stake
         receipt = ed.assign_duties(requester, iid, served.opening)
         opened = ed.opened(iid)
         record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties, opened.uncovered)
         record.assign_gas = int(receipt["gasUsed"])
         drawn = {parse_duty_key(d): addresses for d, addresses in
                  ed.assignments(iid, int(receipt["blockNumber"])).items()}
-        chain_id = hub.chain_id()
-        reasons: dict[ExpertKey, int] = {}  # the reason an invalid vote on each duty gave
-        for v in validators:
-            mine = sorted(k for k, addresses in drawn.items() if v.account.address in addresses)
-            if not mine:
-                continue
-            decisions = v.judge(served, opened.moe_root, mine)
-            record.checks += len(decisions)
-            reasons.update({k: int(r) for k, r in decisions.items() if r is not MoeReason.OK})
-            scores = keccak256(json.dumps({str(k): int(r) for k, r in decisions.items()}).encode())
-            votes = [sign_expert_vote(v.account, chain_id, ed.address, iid, compute_duty_key(k), opened.moe_root,
-                                      r is MoeReason.OK, int(r), scores) for k, r in decisions.items()]
-            before = hub.staker(op.account.address).stake
-            ed.submit_verdicts(v.account, iid, votes)
-            record.slashed_wei += before - hub.staker(op.account.address).stake
+        expected = sum(len(a) for a in drawn.values())
+        deadline = time.monotonic() + self.options.judge_timeout
+        while time.monotonic() < deadline and not services.failures():
+            signed = [d for svc in self.services for d in svc.done if d[0] == iid]
+            if len(signed) >= expected:
+                break
+            anvil_mine(w3, 1)  # the services read confirmed logs: keep the chain moving as a live one would
+            time.sleep(0.2)
+        signed = [d for svc in self.services for d in svc.done if d[0] == iid]
+        record.checks = len(signed)
+        reasons = {duty: reason for _, duty, reason in signed if reason}  # the reason an invalid vote gave
+        record.slashed_wei = before - hub.staker(op.account.address).stake
         for key in drawn:
             result = ed.duty_result(iid, compute_duty_key(key))
             if result is DutyResult.FAILED:
-                record.failed[str(key)] = reasons.get(key, int(MoeReason.MOE_MALFORMED))
+                record.failed[str(key)] = reasons.get(str(key), int(MoeReason.MOE_MALFORMED))
             record.undecided += result is DutyResult.OPEN
         self.settle_on_hub(hub, iid, served, record)
         record.seconds = round(time.monotonic() - started, 2)

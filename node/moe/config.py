@@ -7,6 +7,7 @@ answers each assigned duty of one inference with a reason code.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from node.moe.validate import (
     verify_link,
     verify_router,
 )
+from node.moe.wire import DutySlice
 from node.protocol.moe import (
     ROUTER,
     SHARED,
@@ -37,6 +39,7 @@ from node.protocol.moe import (
     InvalidMoe,
     MoeCommitment,
     MoeReason,
+    compute_vector_hash,
     verify_expert_leaves,
 )
 
@@ -128,3 +131,35 @@ class DutyValidator:
                 raise InvalidMoe(f"assigned {key}, which this validator does not hold", MoeReason.EXPERT_UNKNOWN)
             log.info("duty %s: %s", key, out[str(key)].name)
         return out
+
+    def holds(self, key: ExpertKey) -> bool:
+        """Check whether this validator holds the weights of duty `key`."""
+        return key in self.experts or (key.expert == ROUTER and key.layer in self.routers) or \
+            (key.expert == SHARED and self.shared is not None)
+
+    def check_slice(self, piece: DutySlice) -> MoeReason:
+        """Return the decision on one duty from its slice (already rebuilt into the committed moeRoot)."""
+        key = piece.key
+        if not self.holds(key):
+            raise InvalidMoe(f"assigned {key}, which this validator does not hold", MoeReason.EXPERT_UNKNOWN)
+        if key.expert not in (ROUTER, SHARED):
+            leaves = piece.experts[key]
+            if any(a.position >= b.position for a, b in itertools.pairwise(leaves)) or \
+                    any(x.position >= piece.positions for x in leaves):
+                return MoeReason.MOE_MALFORMED
+            return decide_expert(verify_expert(self.experts[key], leaves, piece.inputs), self.limits)
+        expected = [(L, t) for L in range(piece.shape.layers) for t in range(piece.positions)]
+        if [(r.layer, r.position) for r in piece.router] != expected:
+            return MoeReason.ROUTING_INCOMPLETE  # committed router leaves that are not one per (layer, position)
+        if key.expert == ROUTER:
+            routed = piece.router[key.layer * piece.positions:(key.layer + 1) * piece.positions]
+            return decide_router(verify_router(self.routers[key.layer], routed, piece.inputs), self.limits)
+        if any(any(a.position >= b.position for a, b in itertools.pairwise(v)) or
+               any(x.position >= piece.positions for x in v) for v in piece.experts.values()):
+            return MoeReason.MOE_MALFORMED
+        hashes = [r.input_hash for r in piece.router]
+        rows = piece.inputs.reshape(-1, piece.inputs.shape[-1])
+        if any(compute_vector_hash(row) != h for row, h in zip(rows, hashes, strict=True)):
+            return MoeReason.EXPERT_INPUT_HASH_MISMATCH  # the walk must measure the committed rows, no others
+        token_ids = [*piece.prompt_ids, *piece.output_ids[:-1]]
+        return decide_link(verify_link(self.shared, token_ids, piece.commitment(), piece.trace()), self.limits)

@@ -135,6 +135,7 @@ class Reason(IntEnum):
     EXPERT_OUTPUT_HASH_MISMATCH = 907
     LINK_MISMATCH = 908
     ASSIGNMENT_UNCOVERED = 909
+    DUTY_DATA_UNAVAILABLE = 910
 
 
 class VerinferError(Exception):

@@ -60,6 +60,7 @@ class MoeReason(IntEnum):
     EXPERT_OUTPUT_HASH_MISMATCH = 907
     LINK_MISMATCH = 908
     ASSIGNMENT_UNCOVERED = 909
+    DUTY_DATA_UNAVAILABLE = 910  # the operator did not serve the rows and leaves an assigned duty needs
 
 
 class InvalidMoe(InvalidInput):
@@ -216,6 +217,24 @@ def encode_router_leaf(leaf: RouterLeaf) -> bytes:
         return struct.pack(">HI", leaf.layer, leaf.position) + body + struct.pack(">32s", leaf.input_hash)
     except struct.error as e:
         raise InvalidMoe(f"router leaf field out of range: {e}", MoeReason.MOE_MALFORMED, leaf.position) from None
+
+
+def router_leaf_size(top_k: int) -> int:
+    """Return the encoded size of one router leaf with top_k choices."""
+    return 6 + 6 * top_k + 32
+
+
+def decode_router_leaf(raw: bytes, top_k: int) -> RouterLeaf:
+    """Return the router leaf encoded in raw (exact length for top_k; typed error otherwise)."""
+    if top_k < 1 or len(raw) != router_leaf_size(top_k):
+        raise InvalidMoe(f"router leaf of {len(raw)} bytes, expected {router_leaf_size(max(top_k, 1))}",
+                         MoeReason.MOE_MALFORMED)
+    layer, position = struct.unpack_from(">HI", raw)
+    pairs = [struct.unpack_from(">Hf", raw, 6 + 6 * j) for j in range(top_k)]
+    if not all(np.isfinite(w) for _, w in pairs):
+        raise InvalidMoe("non-finite router weight", MoeReason.MOE_MALFORMED, position)
+    return RouterLeaf(layer, position, tuple(int(e) for e, _ in pairs), tuple(float(w) for _, w in pairs),
+                      bytes(raw[6 + 6 * top_k:]))
 
 
 def compute_expert_root(leaves: Sequence[ExpertLeaf]) -> bytes:

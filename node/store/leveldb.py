@@ -84,6 +84,23 @@ class VerdictRecord:
             other.inference_id, other.artifact_root, other.valid, other.reason)
 
 
+@dataclass(frozen=True)
+class ExpertVerdictRecord:
+    """What this node signed (or is about to sign) for one MoE duty of one inference."""
+
+    inference_id: int
+    duty: int  # uint32 duty key (node.protocol.moe.compute_duty_key)
+    moe_root: str  # 0x-hex
+    valid: bool
+    reason: int
+    scores_digest: str  # 0x-hex
+
+    def same_decision(self, other: ExpertVerdictRecord) -> bool:
+        """Check whether two records decide the same (the scores may differ in their last digits)."""
+        return (self.inference_id, self.duty, self.moe_root, self.valid, self.reason) == (
+            other.inference_id, other.duty, other.moe_root, other.valid, other.reason)
+
+
 class Store:
     """The node's database; use as a context manager or close()."""
 
@@ -190,6 +207,26 @@ class Store:
         """Return every recorded verdict."""
         return [VerdictRecord(**json.loads(raw)) for _, raw in self.ns.iterator(prefix=b"verdict/")]
 
+    @_locked
+    def record_expert_verdict(self, record: ExpertVerdictRecord) -> ExpertVerdictRecord:
+        """Check and record an MoE duty verdict before signing it (synced); as `record_verdict`, per duty."""
+        key = _expert_verdict_key(record.inference_id, record.duty)
+        raw = self.ns.get(key)
+        if raw is not None:
+            existing = ExpertVerdictRecord(**json.loads(raw))
+            if existing.same_decision(record):
+                return existing
+            raise ConflictingVerdict(f"inference {record.inference_id} duty {record.duty}: already signed {existing}, "
+                                     f"refusing {record}", Reason.CONFLICTING_VERDICT)
+        self.ns.put(key, json.dumps(asdict(record)).encode(), sync=True)
+        return record
+
+    @_locked
+    def get_expert_verdict(self, inference_id: int, duty: int) -> ExpertVerdictRecord | None:
+        """Return the MoE duty verdict recorded for an inference."""
+        raw = self.ns.get(_expert_verdict_key(inference_id, duty))
+        return None if raw is None else ExpertVerdictRecord(**json.loads(raw))
+
     # ---- records ------------------------------------------------------------------------------
 
     @_locked
@@ -202,6 +239,18 @@ class Store:
         """Return a JSON record."""
         raw = self.ns.get(_record_key(kind, key))
         return None if raw is None else dict(json.loads(raw))
+
+    @_locked
+    def records(self, kind: str) -> list[tuple[int, dict[str, Any]]]:
+        """Return every JSON record of one kind, by key."""
+        prefix = f"record/{kind}/".encode()
+        return [(int.from_bytes(key[len(prefix):], "big"), dict(json.loads(raw)))
+                for key, raw in self.ns.iterator(prefix=prefix)]
+
+    @_locked
+    def delete_record(self, kind: str, key: int) -> None:
+        """Delete a JSON record (synced)."""
+        self.ns.delete(_record_key(kind, key), sync=True)
 
     # ---- transaction journal -------------------------------------------------------------------
 
@@ -319,6 +368,10 @@ class StoreCursor:
 
 def _verdict_key(inference_id: int) -> bytes:
     return b"verdict/" + inference_id.to_bytes(32, "big")
+
+
+def _expert_verdict_key(inference_id: int, duty: int) -> bytes:
+    return b"expert-verdict/" + inference_id.to_bytes(32, "big") + duty.to_bytes(4, "big")
 
 
 def _record_key(kind: str, key: int) -> bytes:

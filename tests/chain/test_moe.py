@@ -152,3 +152,20 @@ def test_a_duty_with_too_few_holders_at_the_commit_stays_uncovered_as_in_the_pro
     drawn = ed.assignments(inference_id, int(receipt["blockNumber"]))
     assert {parse_duty_key(k): v for k, v in drawn.items()} == \
         {k: [Web3.to_checksum_address(a) for a in v] for k, v in want.items()}
+
+
+def test_the_event_stream_decodes_module_events_whose_argument_is_named_keys(anvil_net: Net) -> None:
+    """HoldingsDeclared(…, uint32[] keys): a web3 AttributeDict's .keys() is shadowed by that argument."""
+    from chain.events import EventStream, MemoryCursor
+
+    net = anvil_net
+    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
+    ed.set_shape(net.admin, MODEL_ID, LAYERS, EXPERTS)
+    keys = sorted(compute_duty_key(ExpertKey(0, e)) for e in range(2))
+    ed.declare_holdings(net.validators[0], MODEL_ID, keys)
+    stream = EventStream(net.w3, ed.contract, MemoryCursor(), confirmations=0)
+    events, reorg = stream.poll()
+    declared = [e for e in events if e.name == "HoldingsDeclared"]
+    assert reorg is None and len(declared) == 1
+    assert list(declared[0].args["keys"]) == keys
+    assert declared[0].args["validator"] == net.validators[0].address

@@ -1,0 +1,276 @@
+"""The validator daemon's MoE duty service: judge the duties the ExpertDuty module draws for this validator.
+
+  events   confirmed ExpertDuty logs (chain.events): a `DutyAssigned` naming this validator is a durable job
+           (store record "moe-job") before the cursor moves past it
+  judge    still open and still ours on chain? → fetch the duty's slice from the operator (node.moe.wire; HTTP,
+           retried) → rebuilt into the module's moeRoot → the duty's check on the weights this validator holds
+           (node.moe.config.DutyValidator, in a worker thread) → a reason code
+  sign     slashing protection (one decision per inference and duty, synced) → EIP-712 ExpertVerdict →
+           `submitExpertVerdicts` through the daemon's journaled TxManager (one nonce sequence per key)
+
+An operator that does not serve a duty's slice within the retries is judged DUTY_DATA_UNAVAILABLE, as a dense
+payload that never arrives is judged unavailable: withholding is not a way out of a check. A slice that does not
+rebuild into the committed root counts as not served. Whatever goes wrong in one job (the operator's bytes, the
+RPC) postpones or ends that job only; ConflictingVerdict (a second, different decision) stops the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+from eth_account.signers.local import LocalAccount
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import BaseModel, ConfigDict, Field
+from web3 import Web3
+
+from chain.contracts import Hub
+from chain.errors import ChainError
+from chain.events import ChainEvent, EventStream, Reorg
+from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
+from chain.txmanager import TxManager
+from node.errors import FatalError, InvalidInput, Reason, RecoverableError
+from node.moe.config import DutyValidator
+from node.moe.wire import MAX_SLICE, DutySlice, MoeShape, decode_duty_slice
+from node.protocol.artifact import compute_output_hash
+from node.protocol.hashing import keccak256
+from node.protocol.moe import (
+    SHARED,
+    ExpertKey,
+    InvalidMoe,
+    MoeReason,
+    compute_moe_fingerprint_hash,
+    parse_duty_key,
+)
+from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
+
+log = logging.getLogger(__name__)
+TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
+JOB, DONE = "moe-job", "moe-done"
+
+
+class MoeServiceConfig(BaseModel):
+    """The `[moe]` section of a validator's config: the module, the model and the duties this validator holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    module: str = Field(description="ExpertDuty module address")
+    model: str = Field(description="registry name of the MoE model")
+    experts: tuple[str, ...] = Field(min_length=1, max_length=4096,
+                                     description="duties held: layer<L>.e<E>, layer<L>.router, shared")
+    start_block: int = Field(0, ge=0)
+    fetch_retries: int = Field(5, ge=1)
+    attempts: int = Field(30, ge=1, description="tries of a job before it is given up")
+
+
+@dataclass(frozen=True)
+class DutyJob:
+    """One duty this validator was drawn for."""
+
+    inference_id: int
+    duty: int
+
+    @property
+    def key(self) -> int:
+        """Return the job's store key (fits the store's 32-byte keys for any uint256 id)."""
+        return int.from_bytes(keccak256(self.inference_id.to_bytes(32, "big") + self.duty.to_bytes(4, "big")), "big")
+
+
+class MoeDutyService:
+    """Judges, signs and submits this validator's MoE duties (one asyncio service of the daemon)."""
+
+    def __init__(self, config: MoeServiceConfig, account: LocalAccount, hub: Hub, module: ExpertDutyClient,
+                 store: Store, checker: DutyValidator, shape: MoeShape, executers: dict[str, str], txm: TxManager,
+                 confirmations: int = 2, poll_interval: float = 1.0, fetch_timeout: float = 10.0,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.account = account
+        self.hub = hub
+        self.module = module
+        self.store = store
+        self.checker = checker
+        self.shape = shape
+        self.executers = {Web3.to_checksum_address(k): v.rstrip("/") for k, v in executers.items()}
+        self.txm = txm
+        self.poll_interval = poll_interval
+        self.fetch_timeout = fetch_timeout
+        self.stream = EventStream(hub.w3, module.contract, store.cursor("moe-duties"), start_block=config.start_block,
+                                  confirmations=confirmations)
+        self.queue: asyncio.Queue[DutyJob] = asyncio.Queue()
+        self._attempts: dict[int, int] = {}
+        registry = registry or CollectorRegistry()
+        self.decided = Counter("verinfer_moe_duties_total", "MoE duty verdicts signed", ["result"], registry=registry)
+        self.errors = Counter("verinfer_moe_job_errors_total", "Errors that postponed or ended an MoE duty job",
+                              ["error"], registry=registry)
+        self.done: list[tuple[int, str, int]] = []  # (inference id, duty, reason) signed: for tests and logs
+
+    # ---- events -----------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch the module and judge this validator's duties until `stop` is set."""
+        for _, value in self.store.records(JOB):
+            self.queue.put_nowait(DutyJob(int(value["inference_id"]), int(value["duty"])))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.fetch_timeout)) as session:
+            tasks = [asyncio.create_task(self.stream.run(self._on_events, self.poll_interval, stop=stop),
+                                         name="moe-events"),
+                     asyncio.create_task(self._judge_loop(session, stop), name="moe-judge")]
+            try:
+                done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _on_events(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
+        """Record a job for every duty drawn for this validator (synced before the cursor moves on)."""
+        if reorg is not None:  # a job of a dropped block is looked at again; the chain says whether it stands
+            log.warning("reorg under the MoE duties", extra={"ancestor": reorg.ancestor, "depth": reorg.depth})
+        for event in events:
+            if event.name != "DutyAssigned" or Web3.to_checksum_address(event.args["validator"]) != \
+                    self.account.address:
+                continue
+            job = DutyJob(int(event.args["inferenceId"]), int(event.args["duty"]))
+            if self.store.get_record(JOB, job.key) is None and self.store.get_record(DONE, job.key) is None:
+                self.store.put_record(JOB, job.key, asdict(job))
+                self.queue.put_nowait(job)
+
+    # ---- judging ----------------------------------------------------------------------------------
+
+    async def _judge_loop(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        """Judge queued duties; the verdicts of one inference's duties go out in one transaction."""
+        while not stop.is_set():
+            jobs = [await self.queue.get()]
+            while not self.queue.empty():
+                jobs.append(self.queue.get_nowait())
+            by_inference: dict[int, list[DutyJob]] = {}
+            for job in jobs:
+                by_inference.setdefault(job.inference_id, []).append(job)
+            for group in by_inference.values():
+                decided: list[tuple[DutyJob, ExpertVerdictRecord]] = []
+                for job in dict.fromkeys(group):
+                    record = await self._attempt(self.judge(session, job), job)
+                    if record is not None:
+                        decided.append((job, record))
+                if decided:
+                    done = await self._attempt(asyncio.to_thread(self._sign_and_submit, [r for _, r in decided]),
+                                               *(j for j, _ in decided))
+                    if done is not None:
+                        for job, _ in decided:
+                            self._finish(job, "submitted")
+
+    async def _attempt(self, work: Any, *jobs: DutyJob) -> Any:
+        """Return `work`'s result; on an error postpone its jobs (given up after `attempts`), fatal errors raise."""
+        try:
+            return await work
+        except (ConflictingVerdict, FatalError):
+            raise
+        except Exception as exc:  # these jobs only
+            self.errors.labels(type(exc).__name__).inc()
+            for job in jobs:
+                n = self._attempts[job.key] = self._attempts.get(job.key, 0) + 1
+                log.warning("MoE duty postponed: %s", exc, extra={"inference_id": job.inference_id,
+                                                                 "duty": job.duty, "attempt": n})
+                if n >= self.config.attempts:
+                    self._finish(job, "given up")
+                else:
+                    asyncio.get_running_loop().call_later(min(0.5 * 2**n, 30.0), self.queue.put_nowait, job)
+            return None
+
+    async def judge(self, session: aiohttp.ClientSession, job: DutyJob) -> ExpertVerdictRecord | None:
+        """Return the verdict to sign on one duty (None, and the job ended, if it is no longer open or ours)."""
+        iid, key = job.inference_id, parse_duty_key(job.duty)
+        opened = await asyncio.to_thread(self.module.opened, iid)
+        if opened.commit_block == 0:
+            raise RecoverableError(f"inference {iid} is not opened on the module yet", Reason.CHAIN_UNAVAILABLE)
+        result = await asyncio.to_thread(self.module.duty_result, iid, job.duty)
+        assigned = await asyncio.to_thread(self.module.assigned_to, iid, job.duty)
+        if result is not DutyResult.OPEN or self.account.address not in assigned:
+            self._finish(job, "settled" if result is not DutyResult.OPEN else "not ours")
+            return None
+        record = self.store.get_expert_verdict(iid, job.duty)  # decided before a restart: the same again
+        if record is None:
+            reason = await self._decide(session, iid, key, opened.moe_root)
+            scores = keccak256(json.dumps({"duty": str(key), "reason": int(reason)}).encode())
+            record = ExpertVerdictRecord(iid, job.duty, Web3.to_hex(opened.moe_root), reason is MoeReason.OK,
+                                         int(reason), Web3.to_hex(scores))
+        return record
+
+    async def _decide(self, session: aiohttp.ClientSession, iid: int, key: ExpertKey, moe_root: bytes) -> MoeReason:
+        """Return the duty's decision: its slice fetched and checked, or DUTY_DATA_UNAVAILABLE after the retries."""
+        inference = await asyncio.to_thread(self.hub.get_inference, iid)
+        url = self.executers.get(Web3.to_checksum_address(inference.operator))
+        piece: DutySlice | None = None
+        for attempt in range(self.config.fetch_retries):
+            if url is None:
+                break
+            try:
+                piece = await self._fetch(session, f"{url}/v1/moe/{iid}/{key}", key, moe_root, inference.commitment)
+                break
+            except (InvalidInput, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                self.errors.labels(f"fetch:{type(exc).__name__}").inc()
+                log.info("MoE slice not served: %s", exc, extra={"inference_id": iid, "duty": str(key)})
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        if piece is None:
+            return MoeReason.DUTY_DATA_UNAVAILABLE
+        try:
+            return await asyncio.to_thread(self.checker.check_slice, piece)
+        except InvalidMoe as exc:  # committed data that cannot be checked (non-finite rows, …) is the operator's
+            return exc.moe_reason
+
+    async def _fetch(self, session: aiohttp.ClientSession, url: str, key: ExpertKey, moe_root: bytes,
+                     commitment: bytes) -> DutySlice:
+        """Return the slice at `url` once it opens `moe_root` (and, for the link, the hub's commitment)."""
+        async with session.get(url) as response:
+            raw = await response.content.read(MAX_SLICE + 1)
+            if response.status != 200:
+                raise ValueError(f"http {response.status}")
+        piece = await asyncio.to_thread(decode_duty_slice, bytes(raw), key, moe_root, self.shape)
+        if key.expert == SHARED:  # the link walks these tokens: they must be the committed output
+            bound = keccak256(compute_output_hash(piece.output_ids) + piece.artifact_root +
+                              compute_moe_fingerprint_hash(piece.fingerprint_hash, moe_root))
+            if bound != commitment:
+                raise InvalidMoe("the link slice's tokens are not the committed output", MoeReason.MOE_MALFORMED)
+        return piece
+
+    # ---- signing ----------------------------------------------------------------------------------
+
+    def _sign_and_submit(self, records: list[ExpertVerdictRecord]) -> bool:
+        """Record each decision (synced), sign them, send them in one journaled transaction and confirm it."""
+        stored = [self.store.record_expert_verdict(r) for r in records]  # before any signature exists
+        chain_id = self.hub.chain_id()
+        votes = [sign_expert_vote(self.account, chain_id, self.module.address, s.inference_id, s.duty,
+                                  bytes.fromhex(s.moe_root[2:]), s.valid, s.reason, bytes.fromhex(s.scores_digest[2:]))
+                 for s in stored]
+        iid = stored[0].inference_id
+        fn = self.module.contract.functions.submitExpertVerdicts(iid, [v.as_tuple() for v in votes])
+        entry = self.txm.send(fn, purpose=f"expert verdicts {iid}")
+        self.txm.confirm(entry["nonce"])
+        for s in stored:
+            self.decided.labels("valid" if s.valid else "invalid").inc()
+            self.done.append((iid, str(parse_duty_key(s.duty)), s.reason))
+        log.info("expert verdicts submitted", extra={"inference_id": iid, "duties": len(stored),
+                                                     "invalid": sum(not s.valid for s in stored)})
+        return True
+
+    def _finish(self, job: DutyJob, why: str) -> None:
+        self.store.put_record(DONE, job.key, {"why": why, "at": int(time.time())})
+        self.store.delete_record(JOB, job.key)
+        self._attempts.pop(job.key, None)
+
+
+def compute_shape(config: dict[str, Any]) -> MoeShape:
+    """Return an MoE model's shape from its config.json."""
+    return MoeShape(int(config["num_hidden_layers"]), int(config["num_local_experts"]),
+                    int(config["num_experts_per_tok"]), int(config["hidden_size"]))
+
+
+__all__ = ["DutyJob", "MoeDutyService", "MoeServiceConfig", "compute_shape"]

@@ -1,0 +1,312 @@
+"""The daemon's MoE duty service on a real anvil: drawn duties judged from slices fetched over HTTP, signed once.
+
+An operator with the tiny random Mixtral commits an MoE inference; the module draws two of three validators per
+duty; each validator's MoeDutyService (own LevelDB store, journaled transactions) fetches its slices from the
+operator's HTTP server on loopback, judges and submits. Withheld or forged slices are judged unavailable and
+slash; a second, different decision for a duty is refused before anything is signed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+from aiohttp import web
+from transformers import AutoModelForCausalLM
+
+from chain.contracts import Commitment, Hub, Params
+from chain.devnet import Anvil, dev_account
+from chain.moe import DutyResult, ExpertDutyClient, deploy_expert_duty
+from chain.txmanager import TxManager
+from node.moe.attacks import int8_expert
+from node.moe.config import DutyValidator, MoeDutiesConfig
+from node.moe.model import TINY_MOE_NAME, materialise_moe
+from node.moe.serve import MoeSliceStore, ServedMoe, make_moe_app
+from node.moe.trace import build_commitment, record_trace
+from node.moe.validate import MoeLimits
+from node.protocol.artifact import compute_output_hash
+from node.protocol.hashing import keccak256
+from node.protocol.moe import (
+    ROUTER,
+    SHARED,
+    ExpertKey,
+    MoeReason,
+    compute_duty_key,
+    compute_moe_fingerprint_hash,
+    parse_duty_key,
+)
+from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
+from node.validator.moe import MoeDutyService, MoeServiceConfig, compute_shape
+from tests.chain.conftest import MODEL_ID, Net, build_net
+from tests.chain.flows import FEE, USER_SEED, honest_artifact
+
+PROMPT = (1, *range(200, 212))
+OUTPUT = tuple(range(300, 309))
+DENSE_FP = keccak256(b"dense fingerprint")
+LIMITS = MoeLimits(1e-4, 0, 1e-4, 1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Path, Any]:
+    torch.set_num_threads(1)
+    folder = materialise_moe(TINY_MOE_NAME)
+    return folder, AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    with Anvil() as anvil:
+        yield build_net(anvil.web3(), [dev_account(i) for i in range(7)])
+
+
+@dataclass
+class Opened:
+    """One committed MoE inference, opened on the module."""
+
+    iid: int
+    ed: ExpertDutyClient
+    served: ServedMoe
+    drawn: dict[int, list[str]]
+
+
+def _all_duties(layers: int, experts: int) -> tuple[str, ...]:
+    keys = [ExpertKey(L, e) for L in range(layers) for e in range(experts)] + \
+           [ExpertKey(L, ROUTER) for L in range(layers)] + [ExpertKey(0, SHARED)]
+    return tuple(str(k) for k in keys)
+
+
+def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None) -> Opened:
+    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
+    ed.set_shape(net.admin, MODEL_ID, model.config.num_hidden_layers, model.config.num_local_experts)
+    for v in net.validators:
+        ed.declare_holdings(v, MODEL_ID, None)  # every validator holds the whole model
+    net.mine(1)
+    iid = net.hub.call("nextInferenceId") + 1
+    _, artifact = honest_artifact(iid)
+    h = artifact.header
+    net.hub.request_inference(net.requester, net.operator.address, MODEL_ID, keccak256(b"prompt"), USER_SEED,
+                              Params(h.temperature_bits, h.top_p_bits, h.top_k, h.max_tokens), FEE)
+    fed = [*PROMPT, *OUTPUT[:-1]]
+    if cheat is None:
+        trace = record_trace(model, fed)
+    else:
+        with int8_expert(model, cheat):
+            trace = record_trace(model, fed)
+    moe = build_commitment(trace)
+    output_hash = compute_output_hash(OUTPUT)
+    net.hub.commit_inference(net.operator, iid,
+                             Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(DENSE_FP, moe.root())))
+    net.mine(2)
+    from chain.moe import MoeOpening
+
+    router_root, counts, roots = moe.opening()
+    receipt = ed.assign_duties(net.requester, iid, MoeOpening(output_hash, artifact.root, DENSE_FP, router_root,
+                                                              tuple(counts), tuple(roots)))
+    return Opened(iid, ed, ServedMoe(moe, trace, PROMPT, OUTPUT, artifact.root, DENSE_FP),
+                  ed.assignments(iid, int(receipt["blockNumber"])))
+
+
+def _services(net: Net, opened: Opened, folder: Path, model: Any, url: str, tmp: Path) -> list[MoeDutyService]:
+    duties = _all_duties(model.config.num_hidden_layers, model.config.num_local_experts)
+    cache: dict[ExpertKey, Any] = {}
+    out = []
+    for i, v in enumerate(net.validators):
+        store = Store(tmp / f"v{i}", int(net.w3.eth.chain_id), net.hub.address)
+        checker = DutyValidator(folder, MoeDutiesConfig(experts=duties), LIMITS, cache)
+        out.append(MoeDutyService(MoeServiceConfig(module=opened.ed.address, model=TINY_MOE_NAME, experts=duties,
+                                                   fetch_retries=2, attempts=3),
+                                  v, Hub(net.w3, net.hub.address), ExpertDutyClient(net.w3, opened.ed.address),
+                                  store, checker, compute_shape(model.config.to_dict()), {net.operator.address: url},
+                                  TxManager(net.w3, v, store), confirmations=0, poll_interval=0.05,
+                                  fetch_timeout=5.0))
+    return out
+
+
+async def _run(net: Net, services: list[MoeDutyService], slices: MoeSliceStore, expected: int, port: int,
+               timeout: float = 120.0) -> None:
+    """Serve the operator's slices (if any) and run the services until `expected` verdicts are submitted."""
+    runner = web.AppRunner(make_moe_app(slices))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(s.run(stop)) for s in services]
+    try:
+        deadline = time.monotonic() + timeout
+        while sum(len(s.done) for s in services) < expected and time.monotonic() < deadline:
+            for t in tasks:
+                if t.done():
+                    t.result()
+            await asyncio.to_thread(net.mine, 1)
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+
+
+def _url_and_port() -> tuple[str, int]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}", port
+
+
+def _serve(opened: Opened, withheld: bool = False) -> MoeSliceStore:
+    slices = MoeSliceStore()
+    if not withheld:
+        slices.put(opened.iid, opened.served)
+    return slices
+
+
+def _close(services: list[MoeDutyService]) -> None:
+    for s in services:
+        s.store.close()
+
+
+def test_honest_duties_are_judged_from_fetched_slices_and_all_pass(net: Net, tiny: tuple[Path, Any],
+                                                                    tmp_path: Path) -> None:
+    folder, model = tiny
+    opened = _open_inference(net, model)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path)
+    expected = sum(len(a) for a in opened.drawn.values())
+    try:
+        asyncio.run(_run(net, services, _serve(opened), expected, port))
+        signed = [d for s in services for d in s.done]
+        assert len(signed) == expected and all(reason == 0 for _, _, reason in signed)
+        for duty in opened.drawn:
+            assert opened.ed.duty_result(opened.iid, duty) is DutyResult.PASSED, parse_duty_key(duty)
+        for s in services:  # every signed decision was recorded first, per duty
+            for iid, duty, reason in s.done:
+                record = s.store.get_expert_verdict(iid, compute_duty_key(ExpertKey.parse(duty)))
+                assert record is not None and record.valid and record.reason == reason
+        assert net.hub.staker(net.operator.address).stake == 10 * 10**18
+    finally:
+        _close(services)
+
+
+def test_an_int8_expert_fails_its_duty_and_slashes_the_operator(net: Net, tiny: tuple[Path, Any],
+                                                                tmp_path: Path) -> None:
+    folder, model = tiny
+    cheat = ExpertKey(1, 1)
+    opened = _open_inference(net, model, cheat)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path)
+    expected = sum(len(a) for a in opened.drawn.values())
+    try:
+        asyncio.run(_run(net, services, _serve(opened), expected, port))
+        failed = {str(parse_duty_key(d)) for d in opened.drawn
+                  if opened.ed.duty_result(opened.iid, d) is DutyResult.FAILED}
+        assert failed == {str(cheat)}
+        reasons = {duty: reason for s in services for _, duty, reason in s.done if reason}
+        assert reasons == {str(cheat): int(MoeReason.EXPERT_FINGERPRINT_MISMATCH)}
+        staker = net.hub.staker(net.operator.address)
+        assert staker.jailed and staker.stake < 10 * 10**18
+    finally:
+        _close(services)
+
+
+def test_withheld_slices_are_judged_unavailable_and_slash(net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
+    folder, model = tiny
+    opened = _open_inference(net, model)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path)
+    expected = sum(len(a) for a in opened.drawn.values())
+    try:
+        asyncio.run(_run(net, services, _serve(opened, withheld=True), expected, port))
+        reasons = {reason for s in services for _, _, reason in s.done}
+        assert reasons == {int(MoeReason.DUTY_DATA_UNAVAILABLE)}
+        assert net.hub.staker(net.operator.address).jailed
+    finally:
+        _close(services)
+
+
+def test_a_slice_for_another_commitment_counts_as_not_served(net: Net, tiny: tuple[Path, Any],
+                                                            tmp_path: Path) -> None:
+    """The operator serves the slices of an honest trace of other tokens: none rebuilds the committed root."""
+    folder, model = tiny
+    opened = _open_inference(net, model)
+    other_trace = record_trace(model, [*PROMPT[:-1], 299, *OUTPUT[:-1]])
+    forged = ServedMoe(build_commitment(other_trace), other_trace, PROMPT, OUTPUT, opened.served.artifact_root,
+                       DENSE_FP)
+    slices = MoeSliceStore()
+    slices.put(opened.iid, forged)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path)
+    expected = sum(len(a) for a in opened.drawn.values())
+    try:
+        asyncio.run(_run(net, services, slices, expected, port))
+        assert {reason for s in services for _, _, reason in s.done} == {int(MoeReason.DUTY_DATA_UNAVAILABLE)}
+        assert all(s.errors.labels("fetch:InvalidMoe")._value.get() > 0 for s in services if s.done)
+    finally:
+        _close(services)
+
+
+def test_a_recorded_decision_is_never_replaced_by_a_different_one(net: Net, tiny: tuple[Path, Any],
+                                                                  tmp_path: Path) -> None:
+    """A store that already holds an invalid decision for a duty the service would pass (a decision made before a
+    restart): the service signs the recorded decision, never a second one; the store refuses a different one."""
+    folder, model = tiny
+    opened = _open_inference(net, model)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path)
+    duty, holders = next(iter(opened.drawn.items()))
+    victim = next(s for s in services if s.account.address in holders)
+    moe_root = "0x" + opened.served.commitment.root().hex()
+    record = ExpertVerdictRecord(opened.iid, duty, moe_root, False, int(MoeReason.LINK_MISMATCH), "0x" + "00" * 32)
+    assert victim.store.record_expert_verdict(record) == record
+    assert victim.store.record_expert_verdict(record) == record  # the same decision again: the stored record
+    with pytest.raises(ConflictingVerdict):
+        victim.store.record_expert_verdict(ExpertVerdictRecord(opened.iid, duty, moe_root, True, 0, "0x" + "00" * 32))
+    try:
+        mine_count = sum(victim.account.address in a for a in opened.drawn.values())
+        asyncio.run(_run(net, [victim], _serve(opened), mine_count, port))
+        # the recorded decision was signed as recorded (not re-judged): invalid, with its reason
+        mine = {d: r for _, d, r in victim.done}
+        assert mine[str(parse_duty_key(duty))] == int(MoeReason.LINK_MISMATCH)
+    finally:
+        _close(services)
+
+
+def test_the_slice_route_answers_bad_ids_and_duties_with_400_and_unknown_inferences_with_404(
+        tiny: tuple[Path, Any]) -> None:
+    _, model = tiny
+    trace = record_trace(model, [*PROMPT, *OUTPUT[:-1]])
+    slices = MoeSliceStore(capacity=1)
+    slices.put(7, ServedMoe(build_commitment(trace), trace, PROMPT, OUTPUT, b"\x01" * 32, DENSE_FP))
+
+    async def main() -> dict[str, int]:
+        runner = web.AppRunner(make_moe_app(slices))
+        await runner.setup()
+        url, port = _url_and_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        out = {}
+        try:
+            async with aiohttp.ClientSession() as session:
+                for path in ("7/layer1.e2", "7/shared", "8/layer1.e2", "7/layer9.e0", "7/layer1.e9", "7/layer01.e2",
+                             "-1/layer1.e2", "1" * 79 + "/layer1.e2", "7/nonsense", "x/shared"):
+                    async with session.get(f"{url}/v1/moe/{path}") as r:
+                        out[path] = r.status
+        finally:
+            await runner.cleanup()
+        return out
+
+    status = asyncio.run(main())
+    assert status["7/layer1.e2"] == 200 and status["7/shared"] == 200
+    assert status["8/layer1.e2"] == 404
+    assert all(status[p] == 400 for p in status if p not in ("7/layer1.e2", "7/shared", "8/layer1.e2"))
+    slices.put(8, slices.get(7))  # type: ignore[arg-type]
+    assert slices.get(7) is None, "the store keeps at most `capacity` inferences"
