@@ -5,12 +5,22 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from node.errors import VerinferError
 from node.logs import configure_logging
+
+if TYPE_CHECKING:  # the CLI imports its heavy parts inside each command
+    from eth_account.signers.local import LocalAccount
+
+    from chain.contracts import Hub
+    from node.store.leveldb import Store
+    from node.validator.config import ValidatorConfig
+    from node.validator.daemon import ValidatorNode
+    from node.validator.moe import MoeDutyService
 
 console = Console(soft_wrap=True)
 validator_app = typer.Typer(help="Validator mode: watch the chain, verify, sign, submit.", no_args_is_help=True)
@@ -98,11 +108,33 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
     async def main(stop: asyncio.Event) -> None:
         with Store(cfg.data_dir, cfg.chain_id, cfg.contract) as store:
             node = ValidatorNode(cfg, account, hub, store, slots)
+            if cfg.moe is not None:
+                node.moe = build_moe_service(cfg, account, hub, store, node)
             console.print(f"validator {account.address} on chain {cfg.chain_id}, contract {cfg.contract}; "
                           f"metrics http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             await node.run(stop)
 
     _run_until_signal(main)
+
+
+def build_moe_service(cfg: ValidatorConfig, account: LocalAccount, hub: Hub, store: Store,
+                      node: ValidatorNode) -> MoeDutyService:
+    """Return the MoE duty service of a validator config's [moe] section (loads only the held duties' tensors)."""
+    import json
+
+    from chain.moe import ExpertDutyClient
+    from node.moe.config import DutyValidator, MoeDutiesConfig
+    from node.moe.model import materialise_moe
+    from node.moe.validate import load_limits
+    from node.validator.moe import MoeDutyService, compute_shape
+
+    assert cfg.moe is not None
+    folder = materialise_moe(cfg.moe.model)
+    checker = DutyValidator(folder, MoeDutiesConfig(experts=cfg.moe.experts), load_limits())
+    shape = compute_shape(json.loads((folder / "config.json").read_text()))
+    return MoeDutyService(cfg.moe, account, hub, ExpertDutyClient(hub.w3, cfg.moe.module), store, checker, shape,
+                          cfg.executers, node.txm, confirmations=cfg.confirmations, poll_interval=cfg.poll_interval,
+                          fetch_timeout=cfg.fetch_timeout, registry=node.metrics.registry)
 
 
 def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,

@@ -56,7 +56,8 @@ from node.protocol.moe import (
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
 from node.store.leveldb import Store
-from node.validator.moe import MoeDutyService, MoeServiceConfig, compute_shape
+from node.validator.config import MoeServiceConfig
+from node.validator.moe import MoeDutyService, compute_shape
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class MoeDevnet:
         from node.engines.transformers_engine import TransformersEngine
         from node.moe.config import DutyValidator, MoeDutiesConfig
         from node.moe.model import materialise_moe
-        from node.moe.validate import MoeLimits
+        from node.moe.validate import load_limits
 
         torch.set_num_threads(self.options.threads)
         folder = materialise_moe(self.options.model)
@@ -251,7 +252,7 @@ class MoeDevnet:
                              bytes.fromhex(marker["weights_sha256"]))
         self.engine = TransformersEngine(folder, self.options.model)
         tokenizer = ModelTokenizer(folder, True)
-        limits = MoeLimits(**load_limits())
+        limits = load_limits()
         cheat = ExpertKey.parse(self.options.cheat_expert)
         self.note(f"{self.options.model}: {layers} layers x {experts} experts; cheater quantises {cheat} to int8")
         n = self.options.validators
@@ -386,13 +387,6 @@ def anvil_mine(w3: Any, blocks: int) -> None:
     """Mine `blocks` empty blocks on anvil."""
     for _ in range(blocks):
         w3.provider.make_request("evm_mine", [])
-
-
-def load_limits() -> dict[str, Any]:
-    """Return the calibrated MoE limits (docs/moe/limits.json)."""
-    path = Path(__file__).resolve().parents[2] / "docs" / "moe" / "limits.json"
-    limits: dict[str, Any] = json.loads(path.read_text())["limits"]
-    return limits
 
 
 def run_moe_devnet(options: MoeDevnetOptions, console: Console) -> int:

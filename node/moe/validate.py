@@ -106,6 +106,12 @@ class MoeLimits:
     link_rel_error: float
 
 
+def load_limits(path: Path | None = None) -> MoeLimits:
+    """Return the calibrated MoE limits (docs/moe/limits.json, written by `verinfer moe calibrate`)."""
+    path = path or Path(__file__).resolve().parents[2] / "docs" / "moe" / "limits.json"
+    return MoeLimits(**json.loads(path.read_text())["limits"])
+
+
 def _hidden_act(model_dir: Path) -> Any:
     return ACT2FN[json.loads((model_dir / "config.json").read_text()).get("hidden_act", "silu")]
 

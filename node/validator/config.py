@@ -6,8 +6,35 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class MoeServiceConfig(BaseModel):
+    """The `[moe]` section of a validator's config: the module, the model and the duties this validator holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    module: str = Field(description="ExpertDuty module address")
+    model: str = Field(description="registry name of the MoE model")
+    experts: tuple[str, ...] = Field(min_length=1, max_length=4096,
+                                     description="duties held: layer<L>.e<E>, layer<L>.router, shared")
+    start_block: int = Field(0, ge=0)
+    fetch_retries: int = Field(5, ge=1)
+    attempts: int = Field(30, ge=1, description="tries of a job before it is given up")
+
+    @field_validator("experts")
+    @classmethod
+    def _canonical_and_distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from node.protocol.moe import ExpertKey, InvalidMoe
+
+        try:
+            keys = [ExpertKey.parse(name) for name in value]
+        except InvalidMoe as e:
+            raise ValueError(str(e)) from None
+        if len(set(keys)) != len(keys):
+            raise ValueError("experts repeat a duty")
+        return value
 
 
 class ValidatorConfig(BaseSettings):
@@ -48,6 +75,7 @@ class ValidatorConfig(BaseSettings):
     recent_blocks_guard: int = Field(64, ge=0, description="blocks scanned at start for verdicts of another instance")
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
+    moe: MoeServiceConfig | None = Field(None, description="MoE duties (ExpertDuty module): the experts held")
 
     @classmethod
     def settings_customise_sources(

@@ -74,6 +74,7 @@ from node.validator.verify import (
 
 if TYPE_CHECKING:  # libp2p is the optional `p2p` extra: imported only when the node starts a host
     from node.p2p.host import P2PHost
+    from node.validator.moe import MoeDutyService
 
 log = logging.getLogger(__name__)
 MAX_PAYLOAD = 32 * 2**20
@@ -294,6 +295,7 @@ class ValidatorNode:
         self._submits: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.done: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) signed, for tests and logs
+        self.moe: MoeDutyService | None = None  # the MoE duty service (config [moe]), set by the composition root
 
     # ---- start-up checks ------------------------------------------------------------------------
 
@@ -360,6 +362,8 @@ class ValidatorNode:
                  asyncio.create_task(self._sign_loop(stop), name="sign"),
                  asyncio.create_task(self._submit_loop(stop), name="submit"),
                  asyncio.create_task(self._gossip_loop(stop), name="gossip")]
+        if self.moe is not None:
+            tasks.append(asyncio.create_task(self.moe.run(stop), name="moe-duties"))
         try:
             done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
                                          return_when=asyncio.FIRST_COMPLETED)

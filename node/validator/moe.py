@@ -26,7 +26,6 @@ from typing import Any
 import aiohttp
 from eth_account.signers.local import LocalAccount
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import BaseModel, ConfigDict, Field
 from web3 import Web3
 
 from chain.contracts import Hub
@@ -48,24 +47,11 @@ from node.protocol.moe import (
     parse_duty_key,
 )
 from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
+from node.validator.config import MoeServiceConfig
 
 log = logging.getLogger(__name__)
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
 JOB, DONE = "moe-job", "moe-done"
-
-
-class MoeServiceConfig(BaseModel):
-    """The `[moe]` section of a validator's config: the module, the model and the duties this validator holds."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    module: str = Field(description="ExpertDuty module address")
-    model: str = Field(description="registry name of the MoE model")
-    experts: tuple[str, ...] = Field(min_length=1, max_length=4096,
-                                     description="duties held: layer<L>.e<E>, layer<L>.router, shared")
-    start_block: int = Field(0, ge=0)
-    fetch_retries: int = Field(5, ge=1)
-    attempts: int = Field(30, ge=1, description="tries of a job before it is given up")
 
 
 @dataclass(frozen=True)
@@ -111,8 +97,20 @@ class MoeDutyService:
 
     # ---- events -----------------------------------------------------------------------------------
 
+    def preflight(self, recent_blocks: int = 64) -> None:
+        """Refuse to start while another instance signs expert verdicts with this key (recent ones unrecorded)."""
+        head = int(self.hub.w3.eth.block_number)
+        mine = self.module.get_events("ExpertVerdictRecorded", max(head - recent_blocks, 0), head,
+                                      argument_filters={"validator": self.account.address})
+        unknown = [(int(e["args"]["inferenceId"]), int(e["args"]["duty"])) for e in mine
+                   if self.store.get_expert_verdict(int(e["args"]["inferenceId"]), int(e["args"]["duty"])) is None]
+        if unknown:
+            raise FatalError(f"{self.account.address} sent expert verdicts this store did not record ({unknown[:5]}): "
+                             "another instance is live", Reason.CONFLICTING_VERDICT)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Watch the module and judge this validator's duties until `stop` is set."""
+        await asyncio.to_thread(self.preflight)
         for _, value in self.store.records(JOB):
             self.queue.put_nowait(DutyJob(int(value["inference_id"]), int(value["duty"])))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.fetch_timeout)) as session:
@@ -273,4 +271,4 @@ def compute_shape(config: dict[str, Any]) -> MoeShape:
                     int(config["num_experts_per_tok"]), int(config["hidden_size"]))
 
 
-__all__ = ["DutyJob", "MoeDutyService", "MoeServiceConfig", "compute_shape"]
+__all__ = ["DutyJob", "MoeDutyService", "compute_shape"]

@@ -13,7 +13,6 @@ pytest.importorskip("vllm")
 import torch
 
 from node.checks.stage1 import OnchainInference, sequence_check
-from node.devnet.moe import load_limits
 from node.engines.base import GenerationRequest
 from node.engines.tokenizer import ModelTokenizer
 from node.engines.transformers_engine import TransformersEngine
@@ -21,7 +20,7 @@ from node.engines.vllm_engine import VllmEngine, VllmOptions
 from node.moe.config import DutyValidator, MoeDutiesConfig
 from node.moe.model import MOE_MODEL_NAME, materialise_moe
 from node.moe.trace import build_commitment, record_trace
-from node.moe.validate import MoeLimits
+from node.moe.validate import load_limits
 from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash
 from node.protocol.moe import ROUTER, SHARED, MoeReason
 from node.protocol.sampler import SamplingParams
@@ -49,7 +48,7 @@ def test_vllm_serves_the_moe_model_and_its_commitment_passes_every_duty():
     commitment = build_commitment(trace)
     config = MoeDutiesConfig(experts=("layer3.e0", "layer3.e1", "layer3.e2", "layer3.e3", "layer3.router",
                                       "layer29.e2", "shared"))
-    validator = DutyValidator(folder, config, MoeLimits(**load_limits()))  # the calibrated limits (docs/moe)
+    validator = DutyValidator(folder, config, load_limits())  # the calibrated limits (docs/moe)
     keys = [k for k in sorted(config.keys() or ()) if k.expert in (ROUTER, SHARED) or commitment.leaves_of(k)]
     decisions = validator.check(commitment, trace, fed, keys)
     assert decisions and all(r is MoeReason.OK for r in decisions.values()), decisions

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 import torch
 from aiohttp import web
+from prometheus_client import generate_latest
 from transformers import AutoModelForCausalLM
 
 from chain.contracts import Commitment, Hub, Params
@@ -43,7 +44,8 @@ from node.protocol.moe import (
     parse_duty_key,
 )
 from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
-from node.validator.moe import MoeDutyService, MoeServiceConfig, compute_shape
+from node.validator.config import MoeServiceConfig
+from node.validator.moe import MoeDutyService, compute_shape
 from tests.chain.conftest import MODEL_ID, Net, build_net
 from tests.chain.flows import FEE, USER_SEED, honest_artifact
 
@@ -310,3 +312,67 @@ def test_the_slice_route_answers_bad_ids_and_duties_with_400_and_unknown_inferen
     assert all(status[p] == 400 for p in status if p not in ("7/layer1.e2", "7/shared", "8/layer1.e2"))
     slices.put(8, slices.get(7))  # type: ignore[arg-type]
     assert slices.get(7) is None, "the store keeps at most `capacity` inferences"
+
+
+def test_the_daemon_runs_the_moe_service_from_its_config_section(net: Net, tiny: tuple[Path, Any],
+                                                                 tmp_path: Path) -> None:
+    """`verinfer validator run`'s composition: a [moe] section (no dense model) starts the duty service in the
+    ValidatorNode beside its other services, on the node's journaled transactions and metrics."""
+    from node.cli_node import build_moe_service
+    from node.validator.config import ValidatorConfig
+    from node.validator.daemon import ValidatorNode
+    from tests.node.validator.harness import free_port
+
+    _, model = tiny
+    opened = _open_inference(net, model)
+    url, port = _url_and_port()
+    duties = _all_duties(model.config.num_hidden_layers, model.config.num_local_experts)
+    nodes, stores = [], []
+    for i, v in enumerate(net.validators):
+        cfg = ValidatorConfig(chain_id=int(net.w3.eth.chain_id), contract=net.hub.address, keystore=tmp_path / "k",
+                              models=[], executers={net.operator.address: url}, p2p_listen=None, gossip=False,
+                              confirmations=0, poll_interval=0.05, metrics_port=free_port(), data_dir=tmp_path / str(i),
+                              moe={"module": opened.ed.address, "model": TINY_MOE_NAME, "experts": duties})
+        store = Store(cfg.data_dir, cfg.chain_id, cfg.contract)
+        stores.append(store)
+        node = ValidatorNode(cfg, v, Hub(net.w3, net.hub.address), store, {})
+        node.moe = build_moe_service(cfg, v, node.hub, store, node)
+        nodes.append(node)
+    expected = sum(len(a) for a in opened.drawn.values())
+
+    async def main() -> None:
+        runner = web.AppRunner(make_moe_app(_serve(opened)))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(n.run(stop)) for n in nodes]
+        try:
+            deadline = time.monotonic() + 120
+            while sum(len(n.moe.done) for n in nodes if n.moe) < expected and time.monotonic() < deadline:
+                for t in tasks:
+                    if t.done():
+                        t.result()
+                await asyncio.to_thread(net.mine, 1)
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+        assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.PASSED for d in opened.drawn)
+        assert b"verinfer_moe_duties_total" in generate_latest(nodes[0].metrics.registry)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_moe_section_with_a_non_canonical_duty_is_refused_at_load() -> None:
+    from pydantic import ValidationError
+
+    from node.validator.config import MoeServiceConfig
+
+    for experts in (("layer03.e1",), ("layer3.e1", "layer3.e1"), ()):
+        with pytest.raises(ValidationError):
+            MoeServiceConfig(module="0x" + "00" * 20, model=TINY_MOE_NAME, experts=experts)
