@@ -51,7 +51,7 @@ from node.protocol.projection import (
 from node.protocol.seed import run_seed
 
 MODEL = "smollm2-135m-instruct"
-LAYERS = (7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
+LAYERS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
 FIT_SKIPPED = (26, 27, 28, 29)
 HONEST = ("threads2", "threads1", "nocache", "batch4")
 ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1")
@@ -60,7 +60,7 @@ LENGTHS = (16, 32, 64)
 TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
 POOLED_SIGMAS = 6.0
 VALIDATOR = ["val"]  # "val": the fp32 validator's prefill; "bf16": a validator at the claimed precision
-DEFAULT_DIR = Path("/tmp/f19/runs")
+DEFAULT_DIR = Path("/tmp/s5/runs")
 
 
 class _FittedLayer(torch.nn.Module):
@@ -234,9 +234,13 @@ def pooled_threshold(values: list[float]) -> float:
     return max(statistics.fmean(values) + POOLED_SIGMAS * statistics.pstdev(values), 1.25 * max(values))
 
 
+SOURCES: tuple[tuple[str, ...], ...] = (
+    ("last",), ("28",), ("21",), ("14",), ("7",), ("6",), ("5",), ("4",), ("3",), ("2",), ("1",), ("0",),
+    ("7", "last"), ("7", "28"), ("14", "last"), ("3", "last"), ("3", "7"), ("1", "7"),
+)
 CONFIGS: list[tuple[tuple[str, ...], int, int]] = [
     (layers, k, bits)
-    for layers in (("last",), ("28",), ("21",), ("14",), ("7",), ("7", "last"), ("7", "28"), ("14", "last"))
+    for layers in SOURCES
     for k, bits in ((4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4), (32, 2), (16, 8), (32, 4), (32, 8))
 ]
 
@@ -269,10 +273,55 @@ def add_fitted_attack(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return runs + fitted
 
 
+WHY_GROUPS = {"honest": HONEST, "noise-0.1pct": ("noise-0.1pct",), "noise-0.3pct": ("noise-0.3pct",),
+              "noise-1pct": ("noise-1pct",), "skip-layer": ("skip-layer",), "fit-v1": ("fit-v1",)}
+
+
+def relative_distance(run: Any, layer: str, tokens: int = 64) -> float:
+    """Return the mean over the projected rows of |executer − validator| / |validator| (unquantised)."""
+    first = int(run["prompt_rows"]) - 1
+    ex = source_rows(run, "exec", layer)[first:first + tokens].astype(np.float64)
+    va = source_rows(run, VALIDATOR[0], layer)[first:first + tokens].astype(np.float64)
+    return float(np.mean(np.linalg.norm(ex - va, axis=1) / np.linalg.norm(va, axis=1)))
+
+
+def why_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return, per single source, the min / mean / max relative distance of each group's runs (all 12 prompts)
+    and the separation: how many 0.1 % noise runs exceed the largest honest run of the same source."""
+    table: dict[str, Any] = {}
+    for layer in ("last", *[str(n) for n in reversed(LAYERS)]):
+        row: dict[str, Any] = {}
+        for group, names in WHY_GROUPS.items():
+            values = [relative_distance(r, layer) for r in runs if str(r["name"]) in names]
+            row[group] = {"min": min(values), "mean": statistics.fmean(values), "max": max(values),
+                          "n": len(values)} if values else None
+        honest_max = row["honest"]["max"] if row["honest"] else None
+        for group in ("noise-0.1pct", "noise-0.3pct"):
+            values = [relative_distance(r, layer) for r in runs if str(r["name"]) == group]
+            if row[group] is not None and honest_max is not None:
+                row[group]["over_honest_max"] = [sum(v > honest_max for v in values), len(values)]
+        table[layer] = row
+    return table
+
+
+def print_why(why: dict[str, Any]) -> None:
+    """Print the unquantised relative-distance table (min–max per group; 0.1 / 0.3 % over the honest max)."""
+    groups = list(WHY_GROUPS)
+    print("| source | " + " | ".join(groups) + " | 0.1 % > honest max | 0.3 % > honest max |")
+    print("|---|" + "---:|" * (len(groups) + 2))
+    for layer, row in why.items():
+        cells = [f"{row[g]['min']:.4f}–{row[g]['max']:.4f}" if row[g] else "–" for g in groups]
+        over = [f"{row[g]['over_honest_max'][0]}/{row[g]['over_honest_max'][1]}" if row[g] else "–"
+                for g in ("noise-0.1pct", "noise-0.3pct")]
+        print(f"| {'layer ' + layer if layer != 'last' else 'last'} | " + " | ".join(cells + over) + " |")
+
+
 def analyse(src: Path, out: Path) -> None:
     """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
     runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
-    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": []}
+    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": [],
+                              "why": why_table(runs)}
+    print_why(result["why"])
     toploc: dict[str, dict[str, list[bool]]] = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
         for n in LENGTHS:
@@ -378,12 +427,15 @@ def main() -> None:
     parser.add_argument("--validator", choices=("fp32", "bf16"), default="fp32",
                         help="which prefill the projections are compared with")
     parser.add_argument("--profile", type=Path, default=None, help="write the chosen config's [projection] here")
+    parser.add_argument("--layers", default="7", help="plot: the sources, '+'-joined ('last' or a layer number)")
+    parser.add_argument("--k", type=int, default=4, help="plot: dimensions (split over the sources)")
+    parser.add_argument("--bits", type=int, default=8, help="plot: bits per dimension")
     args = parser.parse_args()
     VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
     if args.phase == "record":
         record(args.dir, args.prompts)
     elif args.phase == "plot":
-        plot_config(args.dir, ("7",), 4, 8, args.out)
+        plot_config(args.dir, tuple(args.layers.split("+")), args.k, args.bits, args.out)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         analyse(args.dir, args.out)
