@@ -1,9 +1,10 @@
 """Measure projection fingerprints (protocol v2) against TOPLOC (v1) on the real SmolLM2-135M, bf16 profile.
 
 Phase ``record`` runs honest bf16 operators (threads2, threads1, nocache, batch4: the bf16 profile's
-honest variation) and cheaters (weight noise 0.1 / 0.3 / 1 %, int8, a skipped layer, and the v1-fitting
-attack: the last four layers replaced by fitted linear maps whose last hidden state is fitted to the
-real one on public prompts), each checked by one fp32 validator prefill. Per run it stores the
+honest variation) and cheaters (weight noise 0.1 / 0.3 / 1 % and 0.1 % formed in float32, int8, a
+skipped layer, the v1-fitting attack: the last four layers replaced by fitted linear maps whose last
+hidden state is fitted to the real one on public prompts), each checked by one fp32 validator prefill
+and one bf16 validator prefill. Per run it stores the
 executer's and the validator's last hidden state and decoder layers LAYERS (npz under --dir).
 Phase ``analyse`` computes, for every fingerprint config (layers, k, bits), the per-run distance at
 16 / 32 / 64 tokens, chooses a threshold on the calibration half's honest runs (fit.py's pooled rule:
@@ -28,6 +29,7 @@ import torch
 
 from node.calibrate.fit import is_calibration_split
 from node.calibrate.models import (
+    _rebind,
     _SkippedLayer,
     load_engine,
     make_int8_engine,
@@ -54,7 +56,7 @@ MODEL = "smollm2-135m-instruct"
 LAYERS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
 FIT_SKIPPED = (26, 27, 28, 29)
 HONEST = ("threads2", "threads1", "nocache", "batch4")
-ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1")
+ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1", "noise-0.1pct-f32")
 REPORTED = (*ATTACKS, "int8-fitted")
 LENGTHS = (16, 32, 64)
 TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
@@ -72,6 +74,20 @@ class _FittedLayer(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return (hidden_states.float() @ self.weight).to(hidden_states.dtype)
+
+
+def make_noisy_engine_f32(base: TransformersEngine, relative: float, seed: int) -> TransformersEngine:
+    """Return the model with every weight w replaced by bf16(w · (1 + relative · N(0, 1))), the product formed in
+    float32. make_noisy_engine forms 1 + relative · N in the weights' dtype: in bfloat16 (spacing 2⁻⁷ above 1,
+    2⁻⁸ below) that factor is 1 for ~97 % of weights at 0.1 % and 1 − 2⁻⁸ for most of the rest, a sparse
+    shrink rather than symmetric noise; this arm is the symmetric version, rounded once."""
+    model = copy.deepcopy(base.model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            p.copy_((p.float() * (1 + relative * noise)).to(p.dtype))
+    return _rebind(base, model)
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, lam: float = 1e-3) -> np.ndarray:
@@ -136,7 +152,8 @@ def build(prompts: int) -> tuple[Lab, dict[str, Any]]:
         "threads2": honest, "nocache": load_engine(files.path, MODEL, dtype="bfloat16", kv_cache=False, **opts),
         "noise-0.1pct": make_noisy_engine(honest, 0.001, seed=7),
         "noise-0.3pct": make_noisy_engine(honest, 0.003, seed=7),
-        "noise-1pct": make_noisy_engine(honest, 0.01, seed=7), "int8": make_int8_engine(validator),
+        "noise-1pct": make_noisy_engine(honest, 0.01, seed=7),
+        "noise-0.1pct-f32": make_noisy_engine_f32(honest, 0.001, seed=7), "int8": make_int8_engine(validator),
         "skip-layer": make_skip_layer_engine(honest, layer=15),
         # fitted on public prompts the campaign never uses (the last 8 of the prompt set)
         "fit-v1": make_fit_v1_engine(honest, lab, range(len(lab.prompts) - 8, len(lab.prompts))),
@@ -273,8 +290,10 @@ def add_fitted_attack(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return runs + fitted
 
 
-WHY_GROUPS = {"honest": HONEST, "noise-0.1pct": ("noise-0.1pct",), "noise-0.3pct": ("noise-0.3pct",),
+WHY_GROUPS = {"honest": HONEST, "noise-0.1pct": ("noise-0.1pct",), "noise-0.1pct-f32": ("noise-0.1pct-f32",),
+              "noise-0.3pct": ("noise-0.3pct",),
               "noise-1pct": ("noise-1pct",), "skip-layer": ("skip-layer",), "fit-v1": ("fit-v1",)}
+OVER_GROUPS = ("noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct")
 
 
 def relative_distance(run: Any, layer: str, tokens: int = 64) -> float:
@@ -296,7 +315,7 @@ def why_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
             row[group] = {"min": min(values), "mean": statistics.fmean(values), "max": max(values),
                           "n": len(values)} if values else None
         honest_max = row["honest"]["max"] if row["honest"] else None
-        for group in ("noise-0.1pct", "noise-0.3pct"):
+        for group in OVER_GROUPS:
             values = [relative_distance(r, layer) for r in runs if str(r["name"]) == group]
             if row[group] is not None and honest_max is not None:
                 row[group]["over_honest_max"] = [sum(v > honest_max for v in values), len(values)]
@@ -307,12 +326,12 @@ def why_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def print_why(why: dict[str, Any]) -> None:
     """Print the unquantised relative-distance table (min–max per group; 0.1 / 0.3 % over the honest max)."""
     groups = list(WHY_GROUPS)
-    print("| source | " + " | ".join(groups) + " | 0.1 % > honest max | 0.3 % > honest max |")
-    print("|---|" + "---:|" * (len(groups) + 2))
+    print("| source | " + " | ".join(groups) + " | " + " | ".join(f"{g} > honest max" for g in OVER_GROUPS) + " |")
+    print("|---|" + "---:|" * (len(groups) + len(OVER_GROUPS)))
     for layer, row in why.items():
         cells = [f"{row[g]['min']:.4f}–{row[g]['max']:.4f}" if row[g] else "–" for g in groups]
         over = [f"{row[g]['over_honest_max'][0]}/{row[g]['over_honest_max'][1]}" if row[g] else "–"
-                for g in ("noise-0.1pct", "noise-0.3pct")]
+                for g in OVER_GROUPS]
         print(f"| {'layer ' + layer if layer != 'last' else 'last'} | " + " | ".join(cells + over) + " |")
 
 
@@ -382,6 +401,20 @@ def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any]
     return max(ok, key=lambda c: (caught(c), -c["bytes_per_token"], -len(c["layers"])), default=None)
 
 
+REGISTERED = "smollm2-135m-instruct-bf16"
+
+
+def registered_config(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the analysed config that the registry's projection for REGISTERED names (k: dims per source)."""
+    projection = get_model_spec(REGISTERED).projection
+    if projection is None:
+        return None
+    layers = [str(x) for x in projection.layers]
+    k = projection.k * len(layers)
+    return next((c for c in result["configs"] if c["layers"] == layers and c["k"] == k
+                 and c["bits"] == projection.bits), None)
+
+
 def write_profile_section(path: Path, config: dict[str, Any], source: str) -> None:
     """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds."""
     by_length = {n: v["threshold"] for n, v in config["by_length"].items()}
@@ -403,12 +436,16 @@ def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path
     import matplotlib.pyplot as plt
 
     runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
-    groups = ("threads2", "threads1", "nocache", "batch4", "noise-0.1pct", "noise-0.3pct", "noise-1pct")
+    groups = (*HONEST, "noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct", "noise-1pct")
     fig, ax = plt.subplots(figsize=(8, 4))
+    cal = []
     for j, name in enumerate(groups):
-        values = [distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode())) for r in runs
-                  if str(r["name"]) == name]
-        ax.scatter([j] * len(values), values, s=12, color="tab:blue" if j < 4 else "tab:red")
+        d = [(str(r["key"]), distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode()))) for r in runs
+             if str(r["name"]) == name]
+        cal += [v for key, v in d if name in HONEST and is_calibration_split(key)]
+        ax.scatter([j] * len(d), [v for _, v in d], s=12, color="tab:blue" if name in HONEST else "tab:red")
+    ax.axhline(pooled_threshold(cal), color="grey", linestyle="--", linewidth=1, label="threshold (calibration half)")
+    ax.legend(loc="upper left", fontsize=8)
     ax.set_xticks(range(len(groups)), groups, rotation=30)
     ax.set_ylabel("projection distance (64 tokens)")
     ax.set_yscale("log")
@@ -439,11 +476,19 @@ def main() -> None:
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         analyse(args.dir, args.out)
-        chosen = choose_config(json.loads(args.out.read_text()))
+        result = json.loads(args.out.read_text())
+        chosen = choose_config(result)
         shown = chosen and {k: chosen[k] for k in ("layers", "k", "bits")}
         print(f"chosen (≤ 4 B/token, 0 held-out honest rejections, most noise caught at 64): {shown}")
-        if chosen is not None and args.profile is not None:
-            write_profile_section(args.profile, chosen, f"scripts/calibrate_projection.py over {args.dir}")
+        if args.profile is not None:
+            # the profile's thresholds belong to the registered projection, whatever this run would choose: a
+            # new choice is a registry change (config/models.toml), made by hand once it meets the goal
+            registered = registered_config(result)
+            if registered != chosen:
+                print(f"note: the registry's projection {registered and registered['layers']} differs from the "
+                      "choice above; writing the registered one's thresholds")
+            if registered is not None:
+                write_profile_section(args.profile, registered, f"scripts/calibrate_projection.py over {args.dir}")
 
 
 if __name__ == "__main__":
