@@ -419,7 +419,10 @@ def write_profile_section(path: Path, config: dict[str, Any], source: str) -> No
     """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds."""
     by_length = {n: v["threshold"] for n, v in config["by_length"].items()}
     text = path.read_text()
-    head = text.split("\n[projection]")[0].rstrip("\n")
+    head_lines = text.split("\n[projection]")[0].rstrip("\n").split("\n")
+    while head_lines and head_lines[-1].startswith("#"):  # the previous section's provenance comment
+        head_lines.pop()
+    head = "\n".join(head_lines).rstrip("\n")
     lines = [f"# {source}: sources {config['layers']}, k {config['k']}, {config['bits']} bits "
              f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half",
              "[projection]", f"max_distance = {max(by_length.values())!r}", "",
