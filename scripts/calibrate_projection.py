@@ -1,9 +1,10 @@
 """Measure projection fingerprints (protocol v2) against TOPLOC (v1) on the real SmolLM2-135M, bf16 profile.
 
 Phase ``record`` runs honest bf16 operators (threads2, threads1, nocache, batch4: the bf16 profile's
-honest variation) and cheaters (weight noise 0.1 / 0.3 / 1 %, int8, a skipped layer, and the v1-fitting
-attack: the last four layers replaced by fitted linear maps whose last hidden state is fitted to the
-real one on public prompts), each checked by one fp32 validator prefill. Per run it stores the
+honest variation) and cheaters (weight noise 0.1 / 0.3 / 1 % and 0.1 % formed in float32, int8, a
+skipped layer, the v1-fitting attack: the last four layers replaced by fitted linear maps whose last
+hidden state is fitted to the real one on public prompts), each checked by one fp32 validator prefill
+and one bf16 validator prefill. Per run it stores the
 executer's and the validator's last hidden state and decoder layers LAYERS (npz under --dir).
 Phase ``analyse`` computes, for every fingerprint config (layers, k, bits), the per-run distance at
 16 / 32 / 64 tokens, chooses a threshold on the calibration half's honest runs (fit.py's pooled rule:
@@ -28,6 +29,7 @@ import torch
 
 from node.calibrate.fit import is_calibration_split
 from node.calibrate.models import (
+    _rebind,
     _SkippedLayer,
     load_engine,
     make_int8_engine,
@@ -51,16 +53,16 @@ from node.protocol.projection import (
 from node.protocol.seed import run_seed
 
 MODEL = "smollm2-135m-instruct"
-LAYERS = (7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
+LAYERS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
 FIT_SKIPPED = (26, 27, 28, 29)
 HONEST = ("threads2", "threads1", "nocache", "batch4")
-ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1")
+ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1", "noise-0.1pct-f32")
 REPORTED = (*ATTACKS, "int8-fitted")
 LENGTHS = (16, 32, 64)
 TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
 POOLED_SIGMAS = 6.0
 VALIDATOR = ["val"]  # "val": the fp32 validator's prefill; "bf16": a validator at the claimed precision
-DEFAULT_DIR = Path("/tmp/f19/runs")
+DEFAULT_DIR = Path("/tmp/s5/runs")
 
 
 class _FittedLayer(torch.nn.Module):
@@ -72,6 +74,20 @@ class _FittedLayer(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return (hidden_states.float() @ self.weight).to(hidden_states.dtype)
+
+
+def make_noisy_engine_f32(base: TransformersEngine, relative: float, seed: int) -> TransformersEngine:
+    """Return the model with every weight w replaced by bf16(w · (1 + relative · N(0, 1))), the product formed in
+    float32. make_noisy_engine forms 1 + relative · N in the weights' dtype: in bfloat16 (spacing 2⁻⁷ above 1,
+    2⁻⁸ below) that factor is 1 for ~97 % of weights at 0.1 % and 1 − 2⁻⁸ for most of the rest, a sparse
+    shrink rather than symmetric noise; this arm is the symmetric version, rounded once."""
+    model = copy.deepcopy(base.model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            p.copy_((p.float() * (1 + relative * noise)).to(p.dtype))
+    return _rebind(base, model)
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, lam: float = 1e-3) -> np.ndarray:
@@ -136,7 +152,8 @@ def build(prompts: int) -> tuple[Lab, dict[str, Any]]:
         "threads2": honest, "nocache": load_engine(files.path, MODEL, dtype="bfloat16", kv_cache=False, **opts),
         "noise-0.1pct": make_noisy_engine(honest, 0.001, seed=7),
         "noise-0.3pct": make_noisy_engine(honest, 0.003, seed=7),
-        "noise-1pct": make_noisy_engine(honest, 0.01, seed=7), "int8": make_int8_engine(validator),
+        "noise-1pct": make_noisy_engine(honest, 0.01, seed=7),
+        "noise-0.1pct-f32": make_noisy_engine_f32(honest, 0.001, seed=7), "int8": make_int8_engine(validator),
         "skip-layer": make_skip_layer_engine(honest, layer=15),
         # fitted on public prompts the campaign never uses (the last 8 of the prompt set)
         "fit-v1": make_fit_v1_engine(honest, lab, range(len(lab.prompts) - 8, len(lab.prompts))),
@@ -234,9 +251,13 @@ def pooled_threshold(values: list[float]) -> float:
     return max(statistics.fmean(values) + POOLED_SIGMAS * statistics.pstdev(values), 1.25 * max(values))
 
 
+SOURCES: tuple[tuple[str, ...], ...] = (
+    ("last",), ("28",), ("21",), ("14",), ("7",), ("6",), ("5",), ("4",), ("3",), ("2",), ("1",), ("0",),
+    ("7", "last"), ("7", "28"), ("14", "last"), ("3", "last"), ("3", "7"), ("1", "7"),
+)
 CONFIGS: list[tuple[tuple[str, ...], int, int]] = [
     (layers, k, bits)
-    for layers in (("last",), ("28",), ("21",), ("14",), ("7",), ("7", "last"), ("7", "28"), ("14", "last"))
+    for layers in SOURCES
     for k, bits in ((4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4), (32, 2), (16, 8), (32, 4), (32, 8))
 ]
 
@@ -269,10 +290,57 @@ def add_fitted_attack(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return runs + fitted
 
 
+WHY_GROUPS = {"honest": HONEST, "noise-0.1pct": ("noise-0.1pct",), "noise-0.1pct-f32": ("noise-0.1pct-f32",),
+              "noise-0.3pct": ("noise-0.3pct",),
+              "noise-1pct": ("noise-1pct",), "skip-layer": ("skip-layer",), "fit-v1": ("fit-v1",)}
+OVER_GROUPS = ("noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct")
+
+
+def relative_distance(run: Any, layer: str, tokens: int = 64) -> float:
+    """Return the mean over the projected rows of |executer − validator| / |validator| (unquantised)."""
+    first = int(run["prompt_rows"]) - 1
+    ex = source_rows(run, "exec", layer)[first:first + tokens].astype(np.float64)
+    va = source_rows(run, VALIDATOR[0], layer)[first:first + tokens].astype(np.float64)
+    return float(np.mean(np.linalg.norm(ex - va, axis=1) / np.linalg.norm(va, axis=1)))
+
+
+def why_table(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return, per single source, the min / mean / max relative distance of each group's runs (all 12 prompts)
+    and the separation: how many 0.1 % noise runs exceed the largest honest run of the same source."""
+    table: dict[str, Any] = {}
+    for layer in ("last", *[str(n) for n in reversed(LAYERS)]):
+        row: dict[str, Any] = {}
+        for group, names in WHY_GROUPS.items():
+            values = [relative_distance(r, layer) for r in runs if str(r["name"]) in names]
+            row[group] = {"min": min(values), "mean": statistics.fmean(values), "max": max(values),
+                          "n": len(values)} if values else None
+        honest_max = row["honest"]["max"] if row["honest"] else None
+        for group in OVER_GROUPS:
+            values = [relative_distance(r, layer) for r in runs if str(r["name"]) == group]
+            if row[group] is not None and honest_max is not None:
+                row[group]["over_honest_max"] = [sum(v > honest_max for v in values), len(values)]
+        table[layer] = row
+    return table
+
+
+def print_why(why: dict[str, Any]) -> None:
+    """Print the unquantised relative-distance table (min–max per group; 0.1 / 0.3 % over the honest max)."""
+    groups = list(WHY_GROUPS)
+    print("| source | " + " | ".join(groups) + " | " + " | ".join(f"{g} > honest max" for g in OVER_GROUPS) + " |")
+    print("|---|" + "---:|" * (len(groups) + len(OVER_GROUPS)))
+    for layer, row in why.items():
+        cells = [f"{row[g]['min']:.4f}–{row[g]['max']:.4f}" if row[g] else "–" for g in groups]
+        over = [f"{row[g]['over_honest_max'][0]}/{row[g]['over_honest_max'][1]}" if row[g] else "–"
+                for g in OVER_GROUPS]
+        print(f"| {'layer ' + layer if layer != 'last' else 'last'} | " + " | ".join(cells + over) + " |")
+
+
 def analyse(src: Path, out: Path) -> None:
     """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
     runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
-    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": []}
+    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": [],
+                              "why": why_table(runs)}
+    print_why(result["why"])
     toploc: dict[str, dict[str, list[bool]]] = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
         for n in LENGTHS:
@@ -333,11 +401,28 @@ def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any]
     return max(ok, key=lambda c: (caught(c), -c["bytes_per_token"], -len(c["layers"])), default=None)
 
 
+REGISTERED = "smollm2-135m-instruct-bf16"
+
+
+def registered_config(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the analysed config that the registry's projection for REGISTERED names (k: dims per source)."""
+    projection = get_model_spec(REGISTERED).projection
+    if projection is None:
+        return None
+    layers = [str(x) for x in projection.layers]
+    k = projection.k * len(layers)
+    return next((c for c in result["configs"] if c["layers"] == layers and c["k"] == k
+                 and c["bits"] == projection.bits), None)
+
+
 def write_profile_section(path: Path, config: dict[str, Any], source: str) -> None:
     """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds."""
     by_length = {n: v["threshold"] for n, v in config["by_length"].items()}
     text = path.read_text()
-    head = text.split("\n[projection]")[0].rstrip("\n")
+    head_lines = text.split("\n[projection]")[0].rstrip("\n").split("\n")
+    while head_lines and head_lines[-1].startswith("#"):  # the previous section's provenance comment
+        head_lines.pop()
+    head = "\n".join(head_lines).rstrip("\n")
     lines = [f"# {source}: sources {config['layers']}, k {config['k']}, {config['bits']} bits "
              f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half",
              "[projection]", f"max_distance = {max(by_length.values())!r}", "",
@@ -354,12 +439,16 @@ def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path
     import matplotlib.pyplot as plt
 
     runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
-    groups = ("threads2", "threads1", "nocache", "batch4", "noise-0.1pct", "noise-0.3pct", "noise-1pct")
+    groups = (*HONEST, "noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct", "noise-1pct")
     fig, ax = plt.subplots(figsize=(8, 4))
+    cal = []
     for j, name in enumerate(groups):
-        values = [distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode())) for r in runs
-                  if str(r["name"]) == name]
-        ax.scatter([j] * len(values), values, s=12, color="tab:blue" if j < 4 else "tab:red")
+        d = [(str(r["key"]), distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode()))) for r in runs
+             if str(r["name"]) == name]
+        cal += [v for key, v in d if name in HONEST and is_calibration_split(key)]
+        ax.scatter([j] * len(d), [v for _, v in d], s=12, color="tab:blue" if name in HONEST else "tab:red")
+    ax.axhline(pooled_threshold(cal), color="grey", linestyle="--", linewidth=1, label="threshold (calibration half)")
+    ax.legend(loc="upper left", fontsize=8)
     ax.set_xticks(range(len(groups)), groups, rotation=30)
     ax.set_ylabel("projection distance (64 tokens)")
     ax.set_yscale("log")
@@ -378,20 +467,31 @@ def main() -> None:
     parser.add_argument("--validator", choices=("fp32", "bf16"), default="fp32",
                         help="which prefill the projections are compared with")
     parser.add_argument("--profile", type=Path, default=None, help="write the chosen config's [projection] here")
+    parser.add_argument("--layers", default="7", help="plot: the sources, '+'-joined ('last' or a layer number)")
+    parser.add_argument("--k", type=int, default=4, help="plot: dimensions (split over the sources)")
+    parser.add_argument("--bits", type=int, default=8, help="plot: bits per dimension")
     args = parser.parse_args()
     VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
     if args.phase == "record":
         record(args.dir, args.prompts)
     elif args.phase == "plot":
-        plot_config(args.dir, ("7",), 4, 8, args.out)
+        plot_config(args.dir, tuple(args.layers.split("+")), args.k, args.bits, args.out)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         analyse(args.dir, args.out)
-        chosen = choose_config(json.loads(args.out.read_text()))
+        result = json.loads(args.out.read_text())
+        chosen = choose_config(result)
         shown = chosen and {k: chosen[k] for k in ("layers", "k", "bits")}
         print(f"chosen (≤ 4 B/token, 0 held-out honest rejections, most noise caught at 64): {shown}")
-        if chosen is not None and args.profile is not None:
-            write_profile_section(args.profile, chosen, f"scripts/calibrate_projection.py over {args.dir}")
+        if args.profile is not None:
+            # the profile's thresholds belong to the registered projection, whatever this run would choose: a
+            # new choice is a registry change (config/models.toml), made by hand once it meets the goal
+            registered = registered_config(result)
+            if registered != chosen:
+                print(f"note: the registry's projection {registered and registered['layers']} differs from the "
+                      "choice above; writing the registered one's thresholds")
+            if registered is not None:
+                write_profile_section(args.profile, registered, f"scripts/calibrate_projection.py over {args.dir}")
 
 
 if __name__ == "__main__":
