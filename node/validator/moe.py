@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter
 from web3 import Web3
 
 from chain.contracts import Hub
-from chain.errors import ChainError
+from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, EventStream, Reorg
 from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
 from chain.txmanager import TxManager
@@ -52,6 +52,8 @@ from node.validator.config import MoeServiceConfig
 log = logging.getLogger(__name__)
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
 JOB, DONE = "moe-job", "moe-done"
+# reverts after which no retry can succeed: the job ends (the duty is past its window or not ours to judge)
+FINAL_REVERTS = frozenset({"CheckWindowOver", "NotAssignedTo", "DutyNotAssigned", "NotChecked"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class MoeDutyService:
                                   confirmations=confirmations)
         self.queue: asyncio.Queue[DutyJob] = asyncio.Queue()
         self._attempts: dict[int, int] = {}
+        self._check_window: int | None = None
         registry = registry or CollectorRegistry()
         self.decided = Counter("verinfer_moe_duties_total", "MoE duty verdicts signed", ["result"], registry=registry)
         self.errors = Counter("verinfer_moe_job_errors_total", "Errors that postponed or ended an MoE duty job",
@@ -173,6 +176,11 @@ class MoeDutyService:
             raise
         except Exception as exc:  # these jobs only
             self.errors.labels(type(exc).__name__).inc()
+            if isinstance(exc, ContractReverted) and exc.error in FINAL_REVERTS:
+                log.warning("MoE duty ended: %s", exc, extra={"jobs": len(jobs)})
+                for job in jobs:
+                    self._finish(job, exc.error)
+                return None
             for job in jobs:
                 n = self._attempts[job.key] = self._attempts.get(job.key, 0) + 1
                 log.warning("MoE duty postponed: %s", exc, extra={"inference_id": job.inference_id,
@@ -194,6 +202,9 @@ class MoeDutyService:
         if result is not DutyResult.OPEN or self.account.address not in assigned:
             self._finish(job, "settled" if result is not DutyResult.OPEN else "not ours")
             return None
+        if await asyncio.to_thread(self._is_past_window, opened.commit_block):  # no vote can land: spare the work
+            self._finish(job, "CheckWindowOver")
+            return None
         record = self.store.get_expert_verdict(iid, job.duty)  # decided before a restart: the same again
         if record is None:
             reason = await self._decide(session, iid, key, opened.moe_root)
@@ -201,6 +212,12 @@ class MoeDutyService:
             record = ExpertVerdictRecord(iid, job.duty, Web3.to_hex(opened.moe_root), reason is MoeReason.OK,
                                          int(reason), Web3.to_hex(scores))
         return record
+
+    def _is_past_window(self, commit_block: int) -> bool:
+        """Check whether the hub's check window of a commit at `commit_block` has ended (blocking RPC)."""
+        if self._check_window is None:
+            self._check_window = int(self.hub.call("checkWindow"))
+        return int(self.hub.w3.eth.block_number) > commit_block + self._check_window
 
     async def _decide(self, session: aiohttp.ClientSession, iid: int, key: ExpertKey, moe_root: bytes) -> MoeReason:
         """Return the duty's decision: its slice fetched and checked, or DUTY_DATA_UNAVAILABLE after the retries."""

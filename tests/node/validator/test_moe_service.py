@@ -376,3 +376,40 @@ def test_a_moe_section_with_a_non_canonical_duty_is_refused_at_load() -> None:
     for experts in (("layer03.e1",), ("layer3.e1", "layer3.e1"), ()):
         with pytest.raises(ValidationError):
             MoeServiceConfig(module="0x" + "00" * 20, model=TINY_MOE_NAME, experts=experts)
+
+
+def test_duties_past_the_check_window_end_without_a_vote_or_a_retry_storm(net: Net, tiny: tuple[Path, Any],
+                                                                          tmp_path: Path) -> None:
+    """The window closes before the validators get to their duties: each job ends on the module's
+    CheckWindowOver revert (no vote can land any more) instead of being retried `attempts` times."""
+    folder, model = tiny
+    opened = _open_inference(net, model)
+    inf = net.hub.get_inference(opened.iid)
+    net.mine(int(net.hub.call("checkWindow")) + inf.commit_block - int(net.w3.eth.block_number) + 1)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path)
+    expected = sum(len(a) for a in opened.drawn.values())
+
+    def ended() -> int:
+        return sum(1 for s in services for _, v in s.store.records("moe-done") if v["why"] == "CheckWindowOver")
+
+    async def main() -> None:
+        runner = web.AppRunner(make_moe_app(_serve(opened)))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(s.run(stop)) for s in services]
+        deadline = time.monotonic() + 60
+        while ended() < expected and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+        assert ended() == expected
+        assert all(not s.done and not s.store.records("moe-job") for s in services)
+        assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.OPEN for d in opened.drawn)
+    finally:
+        _close(services)
