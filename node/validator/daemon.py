@@ -60,6 +60,7 @@ from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
+from node.validator.httpread import read_capped
 from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
 from node.validator.verify import (
     NO_BLOCK_HASH,
@@ -706,10 +707,9 @@ class ValidatorNode:
         if url is not None:
             async def http() -> bytes:
                 async with session.get(f"{url}/v1/payloads/{iid}") as response:
-                    raw = await response.content.read(MAX_PAYLOAD + 1)
-                    if response.status != 200 or len(raw) > MAX_PAYLOAD:
-                        raise ValueError(f"http {response.status}, {len(raw)} bytes")
-                    return bytes(raw)
+                    if response.status != 200:
+                        raise ValueError(f"http {response.status}")
+                    return await read_capped(response, MAX_PAYLOAD)
 
             out.append(("http", http, lambda: None))
         return out

@@ -48,6 +48,7 @@ from node.protocol.moe import (
 )
 from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
 from node.validator.config import MoeServiceConfig
+from node.validator.httpread import read_capped
 
 log = logging.getLogger(__name__)
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
@@ -245,9 +246,9 @@ class MoeDutyService:
                      commitment: bytes) -> DutySlice:
         """Return the slice at `url` once it opens `moe_root` (and, for the link, the hub's commitment)."""
         async with session.get(url) as response:
-            raw = await response.content.read(MAX_SLICE + 1)
             if response.status != 200:
                 raise ValueError(f"http {response.status}")
+            raw = await read_capped(response, MAX_SLICE)
         piece = await asyncio.to_thread(decode_duty_slice, bytes(raw), key, moe_root, self.shape)
         if key.expert == SHARED:  # the link walks these tokens: they must be the committed output
             bound = keccak256(compute_output_hash(piece.output_ids) + piece.artifact_root +
