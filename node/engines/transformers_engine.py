@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
 from node.engines.compiled_sampler import sample_positions_compiled
+from node.engines.llama_prefill import compute_logits, compute_prefill_hidden, is_supported
 from node.errors import InvalidParams, Reason
 from node.protocol.sampler import PositionSample, SamplingParams
 from node.protocol.seed import compute_sampler_uniforms
@@ -67,6 +68,9 @@ class TransformersEngine(Engine):
         self.lm_head = self.model.get_output_embeddings()
         self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
         self.vocab_size = int(self.model.config.vocab_size)
+        # the validator's prefill through node/engines/llama_prefill.py where it is bit for bit the module's
+        self.fast_prefill = is_supported(self.decoder) and isinstance(self.lm_head, torch.nn.Linear) \
+            and self.lm_head.bias is None and not self.softcap
         self.info = EngineInfo("transformers", model_name, self.options.dtype, self.options.device)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -113,8 +117,9 @@ class TransformersEngine(Engine):
         fed = list(prompt_ids) + list(output_ids[:-1])
         ids = torch.tensor([fed], device=self.options.device)
         with self._recording() as captured:
-            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
-        logits = self._logits(hidden[len(prompt_ids) - 1:]) if output_ids else hidden.new_zeros((0, self.vocab_size))
+            hidden = self._prefill_hidden(ids, captured)[0]
+        logits = self._prefill_logits(hidden[len(prompt_ids) - 1:]) if output_ids else \
+            hidden.new_zeros((0, self.vocab_size))
         return Prefill(logits=logits.float().cpu().numpy(), hidden=hidden.float().cpu().numpy(),
                        layers=self._stack_layers(captured, 0, 0) if captured else None)
 
@@ -140,13 +145,28 @@ class TransformersEngine(Engine):
         ids = torch.zeros((len(fed), width), dtype=torch.long, device=self.options.device)
         for b, f in enumerate(fed):
             ids[b, : len(f)] = torch.tensor(f)
-        hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = self._prefill_hidden(ids, [])
         out = []
         for b, (prompt_ids, output_ids) in enumerate(items):
             rows = hidden[b, : len(fed[b])]
-            logits = self._logits(rows[len(prompt_ids) - 1:]) if output_ids else rows.new_zeros((0, self.vocab_size))
+            logits = self._prefill_logits(rows[len(prompt_ids) - 1:]) if output_ids else \
+                rows.new_zeros((0, self.vocab_size))
             out.append(Prefill(logits=logits.float().cpu().numpy(), hidden=rows.float().cpu().numpy()))
         return out
+
+    def _prefill_hidden(self, ids: torch.Tensor, captured: list[torch.Tensor]) -> torch.Tensor:
+        """Return the last hidden state of one causal pass over `ids`; add the recorded layers to `captured`."""
+        if not self.fast_prefill:
+            return self.decoder(input_ids=ids, use_cache=False).last_hidden_state  # the hooks fill `captured`
+        record = self.options.record_layers
+        hidden, layers = compute_prefill_hidden(self.decoder, ids, tuple(sorted(set(record))))
+        # as the hooks would: in layer order, once per hook on that layer
+        captured.extend(t for i, t in zip(sorted(set(record)), layers, strict=True) for _ in range(record.count(i)))
+        return hidden
+
+    def _prefill_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Return `_logits(hidden)` for the prefill's response rows, bit for bit."""
+        return compute_logits(hidden, self.lm_head.weight) if self.fast_prefill else self._logits(hidden)
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
