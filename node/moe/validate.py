@@ -94,6 +94,8 @@ class LinkCheck:
     fingerprint_mismatches: int  # leaves whose fingerprint is not the fingerprint of the payload row
     routing_gaps: int
     input_hash_conflicts: int  # expert leaves whose input hash is not the router leaf's at that position
+    routing_choice_mismatches: int = 0  # positions whose committed choices differ from the link's own routing
+    routing_weight_error: float = 0.0  # max |committed − own| routing weight where the choices agree
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,8 @@ def decide_link(check: LinkCheck, limits: MoeLimits) -> MoeReason:
         return MoeReason.EXPERT_FINGERPRINT_MISMATCH
     if check.max_input_rel_error > limits.link_rel_error:
         return MoeReason.LINK_MISMATCH
+    if check.routing_choice_mismatches or check.routing_weight_error > limits.router_weight_error:
+        return MoeReason.ROUTER_MISMATCH
     return MoeReason.OK
 
 
@@ -285,7 +289,15 @@ def verify_link(model: Any, token_ids: Sequence[int], commitment: MoeCommitment,
         own = replay.seen.numpy()
         errors.append(float(np.max(np.abs(trace.inputs[i] - own)) / max(float(np.max(np.abs(own))), 1e-30)))
     worst = int(np.argmax(errors))
-    return LinkCheck(len(layers), errors[worst], worst, hash_bad, fp_bad, gaps, conflicts)
+    # every router is in the shared weights: routing recomputed from the committed rows, as the router duties do,
+    # so a colluding router-holder alone cannot pass a routing the model would not choose
+    choices, weight_error = 0, 0.0
+    for i, block in enumerate(originals):
+        routed = [r for r in commitment.router if r.layer == i]
+        check = verify_router(block.gate.weight.detach(), routed, get_router_inputs(trace, routed))
+        choices += check.choice_mismatches
+        weight_error = max(weight_error, check.max_weight_error)
+    return LinkCheck(len(layers), errors[worst], worst, hash_bad, fp_bad, gaps, conflicts, choices, weight_error)
 
 
 def count_input_hash_conflicts(commitment: MoeCommitment) -> int:

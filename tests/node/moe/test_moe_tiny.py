@@ -121,6 +121,7 @@ def test_tiny_campaign_each_attack_caught_by_its_duty_and_no_honest_rejection(ti
     assert table["honest"]["any"] == 0.0
     assert table["int8-expert"]["expert"] == 1.0 and table["swapped-expert"]["expert"] == 1.0
     assert table["cheap-router"]["router"] == 1.0
+    assert table["cheap-router"]["link"] == 1.0  # the link holds every router and recomputes routing too
     # the forgery passes the expert's own holder: only the link duty (shared layers) sees it
     assert table["forged-inputs"]["expert"] == 0.0 and table["forged-inputs"]["link"] == 1.0
 
