@@ -52,6 +52,7 @@ from node.protocol.moe import (
 MAGIC = b"VMOE"
 VERSION = 1
 MAX_SLICE = 256 * 2**20  # a link slice of a long sequence on a wide model is large; the reader caps what it reads
+MAX_POSITIONS = 8192  # fed positions (prompt + output − 1) a slice may carry
 _HEAD = struct.Struct(">4sBIHHHHI32s")
 _SUMMARY_ENTRY = struct.Struct(">I32s")
 _TOKENS_HEAD = struct.Struct(">32s32sII")
@@ -97,6 +98,21 @@ class DutySlice:
         outputs = {k: ExpertRows(np.array([x.position for x in leaves], dtype=np.int64), self.outputs[k])
                    for k, leaves in self.experts.items() if leaves}
         return MoeTrace(self.inputs, experts, weights, outputs, np.zeros_like(self.inputs), s.experts)
+
+
+def compute_max_slice_size(shape: MoeShape, key: ExpertKey, max_positions: int = MAX_POSITIONS) -> int:
+    """Return the most bytes duty `key`'s slice of a model of `shape` can take (what a reader should accept)."""
+    layers, t, row = shape.layers, max_positions, 4 * shape.hidden
+    size = _HEAD.size + layers * shape.experts * _SUMMARY_ENTRY.size
+    if key.expert == SHARED:
+        leaves = layers * t * shape.top_k
+        size += _TOKENS_HEAD.size + 4 * (t + 1) + layers * t * router_leaf_size(shape.top_k) + \
+            leaves * (expert_leaf_size() + row) + layers * t * row
+    elif key.expert == ROUTER:
+        size += layers * t * router_leaf_size(shape.top_k) + t * row
+    else:
+        size += t * (expert_leaf_size() + row)
+    return min(size, MAX_SLICE)
 
 
 def _rows_bytes(rows: np.ndarray) -> bytes:
@@ -224,4 +240,5 @@ def _read_router(r: _Reader, count: int, top_k: int, router_root: bytes) -> tupl
     return tuple(decode_router_leaf(x, top_k) for x in raws)
 
 
-__all__ = ["MAX_SLICE", "DutySlice", "MoeShape", "decode_duty_slice", "encode_duty_slice"]
+__all__ = ["MAX_POSITIONS", "MAX_SLICE", "DutySlice", "MoeShape", "compute_max_slice_size", "decode_duty_slice",
+           "encode_duty_slice"]

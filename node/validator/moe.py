@@ -35,7 +35,7 @@ from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
 from chain.txmanager import TxManager
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.moe.config import DutyValidator
-from node.moe.wire import MAX_SLICE, DutySlice, MoeShape, decode_duty_slice
+from node.moe.wire import DutySlice, MoeShape, compute_max_slice_size, decode_duty_slice
 from node.protocol.artifact import compute_output_hash
 from node.protocol.hashing import keccak256
 from node.protocol.moe import (
@@ -248,7 +248,7 @@ class MoeDutyService:
         async with session.get(url) as response:
             if response.status != 200:
                 raise ValueError(f"http {response.status}")
-            raw = await read_capped(response, MAX_SLICE)
+            raw = await read_capped(response, compute_max_slice_size(self.shape, key))
         piece = await asyncio.to_thread(decode_duty_slice, bytes(raw), key, moe_root, self.shape)
         if key.expert == SHARED:  # the link walks these tokens: they must be the committed output
             bound = keccak256(compute_output_hash(piece.output_ids) + piece.artifact_root +

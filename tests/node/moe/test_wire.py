@@ -141,3 +141,13 @@ def test_a_duty_the_validator_does_not_hold_is_refused(tiny):
     with pytest.raises(InvalidMoe) as info:
         validator.check_slice(piece)
     assert info.value.moe_reason is MoeReason.EXPERT_UNKNOWN
+
+
+@pytest.mark.parametrize("duty", DUTIES)
+def test_the_readers_cap_bounds_every_honest_slice_and_is_exact_for_router_and_link(tiny, duty):
+    from node.moe.wire import compute_max_slice_size
+
+    _, _, shape, trace, c, _ = tiny
+    raw = _slice(trace, c, duty)
+    cap = compute_max_slice_size(shape, ExpertKey.parse(duty), max_positions=len(FED))
+    assert len(raw) == cap if duty in ("shared", "layer1.router") else len(raw) < cap
