@@ -62,6 +62,7 @@ from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
 from node.validator.httpread import read_capped
 from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
+from node.validator.tasks import wait_stop_or_failure
 from node.validator.verify import (
     NO_BLOCK_HASH,
     ChainFacts,
@@ -366,11 +367,7 @@ class ValidatorNode:
         if self.moe is not None:
             tasks.append(asyncio.create_task(self.moe.run(stop), name="moe-duties"))
         try:
-            done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            await wait_stop_or_failure(tasks, stop)
         finally:
             stop.set()
             for task in [*tasks, *self._submits]:

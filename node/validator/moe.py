@@ -49,6 +49,7 @@ from node.protocol.moe import (
 from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
 from node.validator.config import MoeServiceConfig
 from node.validator.httpread import read_capped
+from node.validator.tasks import wait_stop_or_failure
 
 log = logging.getLogger(__name__)
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
@@ -122,11 +123,7 @@ class MoeDutyService:
                                          name="moe-events"),
                      asyncio.create_task(self._judge_loop(session, stop), name="moe-judge")]
             try:
-                done, _ = await asyncio.wait([*tasks, asyncio.create_task(stop.wait())],
-                                             return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]
+                await wait_stop_or_failure(tasks, stop)
             finally:
                 for task in tasks:
                     task.cancel()

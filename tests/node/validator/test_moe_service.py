@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,22 +131,25 @@ def _services(net: Net, opened: Opened, folder: Path, model: Any, url: str, tmp:
     return out
 
 
-async def _run(net: Net, services: list[MoeDutyService], slices: MoeSliceStore, expected: int, port: int,
-               timeout: float = 120.0) -> None:
-    """Serve the operator's slices (if any) and run the services until `expected` verdicts are submitted."""
+async def _run(net: Net, runners: list[Any], slices: MoeSliceStore, expected: int, port: int,
+               timeout: float = 120.0, count: Callable[[], int] | None = None, mine: bool = True) -> None:
+    """Serve the operator's slices and run `runners` (services or nodes: `.run(stop)`) until `count()` (default:
+    the services' submitted verdicts) reaches `expected`; a runner's exception is raised."""
+    count = count or (lambda: sum(len(r.done) for r in runners))
     runner = web.AppRunner(make_moe_app(slices))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(s.run(stop)) for s in services]
+    tasks = [asyncio.create_task(r.run(stop)) for r in runners]
     try:
         deadline = time.monotonic() + timeout
-        while sum(len(s.done) for s in services) < expected and time.monotonic() < deadline:
+        while count() < expected and time.monotonic() < deadline:
             for t in tasks:
                 if t.done():
                     t.result()
-            await asyncio.to_thread(net.mine, 1)
+            if mine:
+                await asyncio.to_thread(net.mine, 1)
             await asyncio.sleep(0.1)
     finally:
         stop.set()
@@ -340,27 +343,9 @@ def test_the_daemon_runs_the_moe_service_from_its_config_section(net: Net, tiny:
         nodes.append(node)
     expected = sum(len(a) for a in opened.drawn.values())
 
-    async def main() -> None:
-        runner = web.AppRunner(make_moe_app(_serve(opened)))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(n.run(stop)) for n in nodes]
-        try:
-            deadline = time.monotonic() + 120
-            while sum(len(n.moe.done) for n in nodes if n.moe) < expected and time.monotonic() < deadline:
-                for t in tasks:
-                    if t.done():
-                        t.result()
-                await asyncio.to_thread(net.mine, 1)
-                await asyncio.sleep(0.1)
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await runner.cleanup()
-
     try:
-        asyncio.run(main())
+        asyncio.run(_run(net, nodes, _serve(opened), expected, port,
+                         count=lambda: sum(len(n.moe.done) for n in nodes if n.moe)))
         assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.PASSED for d in opened.drawn)
         assert b"verinfer_moe_duties_total" in generate_latest(nodes[0].metrics.registry)
     finally:
@@ -393,21 +378,8 @@ def test_duties_past_the_check_window_end_without_a_vote_or_a_retry_storm(net: N
     def ended() -> int:
         return sum(1 for s in services for _, v in s.store.records("moe-done") if v["why"] == "CheckWindowOver")
 
-    async def main() -> None:
-        runner = web.AppRunner(make_moe_app(_serve(opened)))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(s.run(stop)) for s in services]
-        deadline = time.monotonic() + 60
-        while ended() < expected and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
-
     try:
-        asyncio.run(main())
+        asyncio.run(_run(net, services, _serve(opened), expected, port, timeout=60, count=ended, mine=False))
         assert ended() == expected
         assert all(not s.done and not s.store.records("moe-job") for s in services)
         assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.OPEN for d in opened.drawn)
