@@ -134,7 +134,8 @@ def build_moe_service(cfg: ValidatorConfig, account: LocalAccount, hub: Hub, sto
     shape = compute_shape(json.loads((folder / "config.json").read_text()))
     return MoeDutyService(cfg.moe, account, hub, ExpertDutyClient(hub.w3, cfg.moe.module), store, checker, shape,
                           cfg.executers, node.txm, confirmations=cfg.confirmations, poll_interval=cfg.poll_interval,
-                          fetch_timeout=cfg.fetch_timeout, registry=node.metrics.registry)
+                          fetch_timeout=cfg.fetch_timeout, registry=node.metrics.registry,
+                          recent_blocks_guard=cfg.recent_blocks_guard)
 
 
 def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,

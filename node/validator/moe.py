@@ -77,7 +77,7 @@ class MoeDutyService:
     def __init__(self, config: MoeServiceConfig, account: LocalAccount, hub: Hub, module: ExpertDutyClient,
                  store: Store, checker: DutyValidator, shape: MoeShape, executers: dict[str, str], txm: TxManager,
                  confirmations: int = 2, poll_interval: float = 1.0, fetch_timeout: float = 10.0,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, recent_blocks_guard: int = 64) -> None:
         self.config = config
         self.account = account
         self.hub = hub
@@ -89,6 +89,7 @@ class MoeDutyService:
         self.txm = txm
         self.poll_interval = poll_interval
         self.fetch_timeout = fetch_timeout
+        self.recent_blocks_guard = recent_blocks_guard
         self.stream = EventStream(hub.w3, module.contract, store.cursor("moe-duties"), start_block=config.start_block,
                                   confirmations=confirmations)
         self.queue: asyncio.Queue[DutyJob] = asyncio.Queue()
@@ -102,10 +103,10 @@ class MoeDutyService:
 
     # ---- events -----------------------------------------------------------------------------------
 
-    def preflight(self, recent_blocks: int = 64) -> None:
+    def preflight(self) -> None:
         """Refuse to start while another instance signs expert verdicts with this key (recent ones unrecorded)."""
         head = int(self.hub.w3.eth.block_number)
-        mine = self.module.get_events("ExpertVerdictRecorded", max(head - recent_blocks, 0), head,
+        mine = self.module.get_events("ExpertVerdictRecorded", max(head - self.recent_blocks_guard, 0), head,
                                       argument_filters={"validator": self.account.address})
         unknown = [(int(e["args"]["inferenceId"]), int(e["args"]["duty"])) for e in mine
                    if self.store.get_expert_verdict(int(e["args"]["inferenceId"]), int(e["args"]["duty"])) is None]

@@ -160,6 +160,16 @@ async def _run(net: Net, runners: list[Any], slices: MoeSliceStore, expected: in
         raise errors[0]
 
 
+def _network(net: Net, tiny: tuple[Path, Any], tmp: Path,
+             cheat: ExpertKey | None = None) -> tuple[Opened, list[MoeDutyService], int, int]:
+    """Return an opened inference, one duty service per validator, how many verdicts its draw asks, the port."""
+    folder, model = tiny
+    opened = _open_inference(net, model, cheat)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp)
+    return opened, services, sum(len(a) for a in opened.drawn.values()), port
+
+
 def _url_and_port() -> tuple[str, int]:
     import socket
 
@@ -183,11 +193,7 @@ def _close(services: list[MoeDutyService]) -> None:
 
 def test_honest_duties_are_judged_from_fetched_slices_and_all_pass(net: Net, tiny: tuple[Path, Any],
                                                                     tmp_path: Path) -> None:
-    folder, model = tiny
-    opened = _open_inference(net, model)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path)
-    expected = sum(len(a) for a in opened.drawn.values())
+    opened, services, expected, port = _network(net, tiny, tmp_path)
     try:
         asyncio.run(_run(net, services, _serve(opened), expected, port))
         signed = [d for s in services for d in s.done]
@@ -205,12 +211,8 @@ def test_honest_duties_are_judged_from_fetched_slices_and_all_pass(net: Net, tin
 
 def test_an_int8_expert_fails_its_duty_and_slashes_the_operator(net: Net, tiny: tuple[Path, Any],
                                                                 tmp_path: Path) -> None:
-    folder, model = tiny
     cheat = ExpertKey(1, 1)
-    opened = _open_inference(net, model, cheat)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path)
-    expected = sum(len(a) for a in opened.drawn.values())
+    opened, services, expected, port = _network(net, tiny, tmp_path, cheat)
     try:
         asyncio.run(_run(net, services, _serve(opened), expected, port))
         failed = {str(parse_duty_key(d)) for d in opened.drawn
@@ -225,11 +227,7 @@ def test_an_int8_expert_fails_its_duty_and_slashes_the_operator(net: Net, tiny: 
 
 
 def test_withheld_slices_are_judged_unavailable_and_slash(net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
-    folder, model = tiny
-    opened = _open_inference(net, model)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path)
-    expected = sum(len(a) for a in opened.drawn.values())
+    opened, services, expected, port = _network(net, tiny, tmp_path)
     try:
         asyncio.run(_run(net, services, _serve(opened, withheld=True), expected, port))
         reasons = {reason for s in services for _, _, reason in s.done}
@@ -242,16 +240,12 @@ def test_withheld_slices_are_judged_unavailable_and_slash(net: Net, tiny: tuple[
 def test_a_slice_for_another_commitment_counts_as_not_served(net: Net, tiny: tuple[Path, Any],
                                                             tmp_path: Path) -> None:
     """The operator serves the slices of an honest trace of other tokens: none rebuilds the committed root."""
-    folder, model = tiny
-    opened = _open_inference(net, model)
-    other_trace = record_trace(model, [*PROMPT[:-1], 299, *OUTPUT[:-1]])
+    opened, services, expected, port = _network(net, tiny, tmp_path)
+    other_trace = record_trace(tiny[1], [*PROMPT[:-1], 299, *OUTPUT[:-1]])
     forged = ServedMoe(build_commitment(other_trace), other_trace, PROMPT, OUTPUT, opened.served.artifact_root,
                        DENSE_FP)
     slices = MoeSliceStore()
     slices.put(opened.iid, forged)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path)
-    expected = sum(len(a) for a in opened.drawn.values())
     try:
         asyncio.run(_run(net, services, slices, expected, port))
         assert {reason for s in services for _, _, reason in s.done} == {int(MoeReason.DUTY_DATA_UNAVAILABLE)}
@@ -264,10 +258,7 @@ def test_a_recorded_decision_is_never_replaced_by_a_different_one(net: Net, tiny
                                                                   tmp_path: Path) -> None:
     """A store that already holds an invalid decision for a duty the service would pass (a decision made before a
     restart): the service signs the recorded decision, never a second one; the store refuses a different one."""
-    folder, model = tiny
-    opened = _open_inference(net, model)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path)
+    opened, services, _, port = _network(net, tiny, tmp_path)
     duty, holders = next(iter(opened.drawn.items()))
     victim = next(s for s in services if s.account.address in holders)
     moe_root = "0x" + opened.served.commitment.root().hex()
@@ -367,13 +358,9 @@ def test_duties_past_the_check_window_end_without_a_vote_or_a_retry_storm(net: N
                                                                           tmp_path: Path) -> None:
     """The window closes before the validators get to their duties: each job ends on the module's
     CheckWindowOver revert (no vote can land any more) instead of being retried `attempts` times."""
-    folder, model = tiny
-    opened = _open_inference(net, model)
+    opened, services, expected, port = _network(net, tiny, tmp_path)
     inf = net.hub.get_inference(opened.iid)
     net.mine(int(net.hub.call("checkWindow")) + inf.commit_block - int(net.w3.eth.block_number) + 1)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path)
-    expected = sum(len(a) for a in opened.drawn.values())
 
     def ended() -> int:
         return sum(1 for s in services for _, v in s.store.records("moe-done") if v["why"] == "CheckWindowOver")
@@ -383,5 +370,25 @@ def test_duties_past_the_check_window_end_without_a_vote_or_a_retry_storm(net: N
         assert ended() == expected
         assert all(not s.done and not s.store.records("moe-job") for s in services)
         assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.OPEN for d in opened.drawn)
+    finally:
+        _close(services)
+
+
+def test_a_second_instance_with_another_store_refuses_to_start(net: Net, tiny: tuple[Path, Any],
+                                                               tmp_path: Path) -> None:
+    """Instance A signed expert verdicts; instance B of the same key on a fresh store would not know them and
+    could sign differently: its preflight sees A's ExpertVerdictRecorded events and refuses (FatalError)."""
+    from node.errors import FatalError
+
+    opened, services, expected, port = _network(net, tiny, tmp_path / "a")
+    try:
+        asyncio.run(_run(net, services, _serve(opened), expected, port))
+        voter = next(s for s in services if s.done)
+        voter.preflight()  # its own store knows every verdict it sent
+        twin = _services(net, opened, tiny[0], tiny[1], "http://127.0.0.1:9", tmp_path / "b")
+        fresh = next(s for s in twin if s.account.address == voter.account.address)
+        with pytest.raises(FatalError):
+            fresh.preflight()
+        _close(twin)
     finally:
         _close(services)
