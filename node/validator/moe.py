@@ -222,10 +222,11 @@ class MoeDutyService:
         """Return the duty's decision: its slice fetched and checked, or DUTY_DATA_UNAVAILABLE after the retries."""
         inference = await asyncio.to_thread(self.hub.get_inference, iid)
         url = self.executers.get(Web3.to_checksum_address(inference.operator))
+        if url is None:  # our configuration's gap, not evidence against the operator: no vote
+            raise RecoverableError(f"no executer URL configured for operator {inference.operator}",
+                                   Reason.CHAIN_UNAVAILABLE)
         piece: DutySlice | None = None
         for attempt in range(self.config.fetch_retries):
-            if url is None:
-                break
             try:
                 piece = await self._fetch(session, f"{url}/v1/moe/{iid}/{key}", key, moe_root, inference.commitment)
                 break

@@ -392,3 +392,20 @@ def test_a_second_instance_with_another_store_refuses_to_start(net: Net, tiny: t
         _close(twin)
     finally:
         _close(services)
+
+
+def test_an_operator_without_a_configured_url_is_not_voted_against(net: Net, tiny: tuple[Path, Any],
+                                                                   tmp_path: Path) -> None:
+    """A validator that lacks the operator's URL cannot fetch: that is its own gap, so it signs nothing (the job is
+    retried, then given up) rather than voting the operator's data unavailable."""
+    opened, services, expected, port = _network(net, tiny, tmp_path)
+    for s in services:
+        s.executers = {}
+    given_up = lambda: sum(1 for s in services for _, v in s.store.records("moe-done") if v["why"] == "given up")  # noqa: E731
+    try:
+        asyncio.run(_run(net, services, _serve(opened), expected, port, timeout=60, count=given_up, mine=False))
+        assert given_up() == expected
+        assert all(not s.done and s.store.get_expert_verdict(opened.iid, d) is None
+                   for s in services for d in opened.drawn)
+    finally:
+        _close(services)
