@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,11 @@ def compute_mixed_outputs(commitment: MoeCommitment, trace: MoeTrace, layer: int
     return mixed
 
 
+# The link walk swaps the MoE blocks of the model it is given for the walk's duration; validators in one process
+# (the devnet's) share one loaded model, so one walk at a time, else a walk restores another's stand-ins for good.
+_WALK_LOCK = threading.Lock()
+
+
 @torch.inference_mode()
 def verify_link(model: Any, token_ids: Sequence[int], commitment: MoeCommitment,
                 trace: MoeTrace) -> LinkCheck:
@@ -274,15 +280,16 @@ def verify_link(model: Any, token_ids: Sequence[int], commitment: MoeCommitment,
     conflicts = count_input_hash_conflicts(commitment)
     gaps = len(find_routing_gaps(commitment))
     layers = list(model.model.layers)
-    originals = [layer.mlp for layer in layers]
     replays = [_ReplayBlock(compute_mixed_outputs(commitment, trace, i, len(token_ids))) for i in range(len(layers))]
-    try:
-        for layer, replay in zip(layers, replays, strict=True):
-            layer.mlp = replay
-        model.model(input_ids=torch.tensor([list(token_ids)]), use_cache=False)
-    finally:
-        for layer, original in zip(layers, originals, strict=True):
-            layer.mlp = original
+    with _WALK_LOCK:
+        originals = [layer.mlp for layer in layers]
+        try:
+            for layer, replay in zip(layers, replays, strict=True):
+                layer.mlp = replay
+            model.model(input_ids=torch.tensor([list(token_ids)]), use_cache=False)
+        finally:
+            for layer, original in zip(layers, originals, strict=True):
+                layer.mlp = original
     errors = []
     for i, replay in enumerate(replays):
         assert replay.seen is not None

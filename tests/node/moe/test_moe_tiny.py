@@ -159,3 +159,23 @@ def test_a_consistent_forgery_has_no_hash_conflict_but_fails_the_link_walk(tiny_
     assert decide_expert(check, MoeLimits(1e-4, 0, 1e-4, 1e-4)) == MoeReason.OK  # its holder is fooled
     link = verify_link(load_shared(folder), TOKENS, c, trace)
     assert link.worst_layer == 0 and decide_link(link, MoeLimits(1e-4, 0, 1e-4, 1e-4)) == MoeReason.LINK_MISMATCH
+
+
+def test_link_walks_on_one_shared_model_from_many_threads_equal_the_walks_one_at_a_time(tiny_moe, honest):
+    """The devnet's validators share one loaded model: concurrent walks must neither mix nor leave stand-ins."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder, _ = tiny_moe
+    trace, c = honest
+    shared = load_shared(folder)
+    blocks = [layer.mlp for layer in shared.model.layers]
+    key = ExpertKey(1, 0)
+    rows = trace.outputs[key]
+    forged = dataclasses.replace(trace, outputs={**trace.outputs,
+                                                 key: dataclasses.replace(rows, outputs=rows.outputs * 1.01)})
+    cases = [trace, forged] * 6
+    alone = [verify_link(shared, TOKENS, c, t) for t in cases[:2]]
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda t: verify_link(shared, TOKENS, c, t), cases))
+    assert together == alone * 6
+    assert [layer.mlp for layer in shared.model.layers] == blocks
