@@ -273,8 +273,9 @@ def executer_serve(
     console.print(f"serving {model} ({backend}, {service.info.dtype}, {device}) on http://{host}:{port}/v1 "
                   f"model id 0x{service.files.model_id.hex()}")
     recorder = getattr(service.recorder, "record", None)  # serve the record read-only beside the API (keys needed)
-    web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings, recorder), host=host,
-                port=port, print=None)
+    calibrated = profile is not None and profile.meta.calibrated
+    web.run_app(create_app(service, str(profile_path), calibrated, api_settings, recorder), host=host, port=port,
+                print=None)
     close = getattr(service.recorder, "close", None)  # write what is queued; an export in progress resumes next start
     if close is not None:
         close(finish_exports=False)

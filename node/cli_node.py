@@ -170,8 +170,9 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
         p2p = P2PHost(data_dir / "peer.key", service.payload_json, p2p_listen).start()
         console.print(f"libp2p payloads at {', '.join(p2p.addrs)} (peer {p2p.peer_id})")
     try:
-        web.run_app(create_app(service, str(profile_path), profile.meta.calibrated, api_settings), host=host,
-                    port=port, print=None)
+        calibrated = profile is not None and profile.meta.calibrated
+        web.run_app(create_app(service, str(profile_path), calibrated, api_settings), host=host, port=port,
+                    print=None)
     finally:
         if p2p is not None:
             p2p.stop()

@@ -86,6 +86,11 @@ class ModelSpec(BaseModel):
     # vLLM with the request seed of docs/protocol.md §13, checked by node.checks.stock; another name, model id).
     sampler: Literal["canonical", "vllm-seeded"] = "canonical"
 
+    @property
+    def is_moe(self) -> bool:
+        """Check whether the model is a mixture of experts (its executers commit per-expert leaves, docs/moe.md)."""
+        return self.source in ("upcycled-moe", "tiny-random-moe")
+
     @model_validator(mode="after")
     def _require_projection_for_kind_1(self) -> ModelSpec:
         if not set(self.fingerprint_kinds) <= {KIND_TOPLOC, KIND_PROJECTION} \

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from node.engines.base import Engine
-from node.engines.models import ModelFiles, ModelSpec, get_model_spec, load_registry, materialise_model
+from node.engines.models import REPO_ROOT, ModelFiles, ModelSpec, get_model_spec, load_registry, materialise_model
 from node.engines.tokenizer import ModelTokenizer
 from node.errors import FatalError, Reason
 from node.executer.service import ExecuterService
@@ -79,14 +79,20 @@ def load_stock_executer(settings: ExecuterSettings) -> tuple[StockService, Path,
     return service, profile_path, profile
 
 
-def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService | StockService, Path, ModelProfile]:
-    """Return a ready executer service with its profile (a stock-sampler model's is a StockService)."""
+def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService | StockService, Path, ModelProfile | None]:
+    """Return a ready executer service with its profile (a stock-sampler model's is a StockService; an MoE model
+    without a dense stage-2 profile has none: it serves, but not as a verification instance)."""
     spec = get_model_spec(settings.model)
     if spec.sampler != "canonical":  # its operators run the stock engine's own sampler (docs/protocol.md §13)
         return load_stock_executer(settings)
     resolve_dtype(spec, settings.dtype)  # before minutes of conversion and loading
+    if spec.is_moe and settings.backend != "transformers":  # the trace needs the per-expert tensors (docs/moe.md)
+        raise FatalError(f"{spec.name} is an MoE model: its executer records the experts on the transformers "
+                         "backend only", Reason.UNKNOWN_MODEL)
     files = materialise_model(spec, settings.cache_dir)
-    profile_path, profile = load_profile(spec)
+    profile_path, profile = REPO_ROOT / spec.profile, None
+    if not spec.is_moe or profile_path.exists():
+        profile_path, profile = load_profile(spec)
     tokenizer = ModelTokenizer(files.path, spec.chat)
     recorder = None
     if settings.workload_record is not None:  # background mode: the serving thread only enqueues (≈0.1 ms)
@@ -94,6 +100,12 @@ def load_executer(settings: ExecuterSettings) -> tuple[ExecuterService | StockSe
 
         recorder = open_executer_recorder(settings.workload_record, files, resolve_dtype(spec, settings.dtype),
                                           settings.device)
-    service = ExecuterService(files, tokenizer, load_engine(files, settings), profile.fingerprint_thresholds(),
-                              recorder=recorder)
+    engine = load_engine(files, settings)
+    moe = None
+    if spec.is_moe:
+        from node.executer.moe import MoeRecorder
+
+        moe = MoeRecorder(engine.model)  # type: ignore[attr-defined]  # the transformers engine's model
+    thresholds = None if profile is None else profile.fingerprint_thresholds()
+    service = ExecuterService(files, tokenizer, engine, thresholds, recorder=recorder, moe=moe)
     return service, profile_path, profile

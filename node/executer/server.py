@@ -554,6 +554,11 @@ def create_app(service: ExecuterService | StockService, profile_path: str, calib
         web.get("/v1/payloads/{inference_id}", get_payload),
         web.get("/health", health),
     ])
+    moe = getattr(service, "moe", None)
+    if moe is not None:  # duty slices and openings, open to anyone as the payloads are (node.moe.serve)
+        from node.moe.serve import add_moe_routes
+
+        add_moe_routes(app, moe.slices)
     if workload is not None:
         from node.workload.http import create_workload_app
 

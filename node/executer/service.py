@@ -24,6 +24,7 @@ from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest
 from node.engines.compiled_fingerprint import compute_interpolation_compiled
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
+from node.errors import InvalidInput, Reason
 from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash, encode_artifact_wire
 from node.protocol.fingerprint import (
     ChunkMeasurement,
@@ -43,6 +44,7 @@ from node.protocol.seed import run_seed
 
 if TYPE_CHECKING:
     from node.executer.chain_mode import ChainGate
+    from node.executer.moe import MoeRecorder
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class ServedInference:
     artifact: Artifact
     wire: bytes
     fingerprint: list[bytes]
+    moe_fingerprint_hash: bytes | None = None  # an MoE model's: the proofs' hash with moeRoot bound in
 
     @property
     def output_hash(self) -> bytes:
@@ -69,7 +72,9 @@ class ServedInference:
 
     @property
     def fingerprint_hash(self) -> bytes:
-        """Return fingerprintHash of the proof chunks."""
+        """Return the committed fingerprintHash: of the proof chunks (an MoE model's binds moeRoot in)."""
+        if self.moe_fingerprint_hash is not None:
+            return self.moe_fingerprint_hash
         return compute_fingerprint_hash(self.fingerprint)
 
 
@@ -105,9 +110,10 @@ class ExecuterService:
     """Generates verifiable inferences with one engine and keeps their payloads."""
 
     def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
-                 thresholds: FingerprintThresholds, keep: int = 10_000, gate: ChainGate | None = None,
-                 recorder: InferenceRecorder | None = None) -> None:
+                 thresholds: FingerprintThresholds | None, keep: int = 10_000, gate: ChainGate | None = None,
+                 recorder: InferenceRecorder | None = None, moe: MoeRecorder | None = None) -> None:
         self.files = files
+        self.moe = moe  # an MoE model: per-expert commitments bound into the fingerprint hash, duty slices kept
         self.recorder = recorder  # off by default: the workload record of every served inference
         self.gate = gate  # on a chain: requests checked against it, results committed to it
         self.tokenizer = tokenizer
@@ -141,8 +147,11 @@ class ExecuterService:
         header = ArtifactHeader(self.files.model_id, params.temperature_bits, params.top_p_bits, params.top_k,
                                 params.max_tokens, self.k, rs, tuple(prompt_ids), len(gen.output_ids))
         artifact = Artifact(header, gen.positions(self.k))
+        proofs = self.build_fingerprint(gen, len(prompt_ids), compute_projection_seed(rs, block_hash))
+        bound = None if self.moe is None else self.moe.record(iid, prompt_ids, gen.output_ids, artifact.root,
+                                                              compute_fingerprint_hash(proofs))
         served = ServedInference(iid, seed, prompt_hash, request, gen, artifact, encode_artifact_wire(artifact),
-                                 self.build_fingerprint(gen, len(prompt_ids), compute_projection_seed(rs, block_hash)))
+                                 proofs, bound)
         if self.gate is not None:
             self.gate.commit(served, artifact.root)
         self._remember(served)
@@ -169,6 +178,9 @@ class ExecuterService:
     def check_fingerprint(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
                           proofs: Sequence[bytes]) -> FingerprintReport:
         """Prefill prompt + output once and measure the proofs against it (no generation)."""
+        if self.thresholds is None:
+            raise InvalidInput(f"{self.files.spec.name} has no calibrated profile: no verification instance",
+                               Reason.UNKNOWN_MODEL)
         prefill = self.engine.prefill(prompt_ids, output_ids)
         measurements = verify_fingerprint(prefill.hidden, len(prompt_ids), proofs)
         return FingerprintReport(measurements, decide_fingerprint(measurements, self.thresholds))

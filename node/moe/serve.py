@@ -1,9 +1,11 @@
 """The operator's side of the MoE duties: keep what it committed per inference and serve each duty its slice.
 
 `GET /v1/moe/{inference_id}/{duty}` answers the slice of one duty (node.moe.wire): 200 with the bytes, 400 for
-an id or duty that is not canonical or not a duty of the model, 404 for an inference it does not keep. Anyone may
-ask (as for dense payloads, the data is what the operator committed to publishing); what a request costs is one
-encoding of rows already in memory, and the store keeps a bounded number of inferences.
+an id or duty that is not canonical or not a duty of the model, 404 for an inference it does not keep.
+`GET /v1/moe/{inference_id}` answers the opening (JSON, `MoeOpeningWire`) that anyone submits to
+ExpertDuty.assignDuties. Anyone may ask (as for dense payloads, the data is what the operator committed to
+publishing); what a request costs is one encoding of rows already in memory, and the store keeps a bounded number
+of inferences.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
+from chain.moe import MoeOpening
 from node.moe.trace import MoeTrace
 from node.moe.wire import encode_duty_slice
-from node.protocol.moe import ExpertKey, InvalidMoe, MoeCommitment
+from node.protocol.artifact import compute_output_hash
+from node.protocol.moe import ExpertKey, InvalidMoe, MoeCommitment, MoeReason
 
 log = logging.getLogger(__name__)
 MAX_ID_DIGITS = 78  # 2**256 has 78 decimal digits
@@ -66,6 +71,51 @@ class MoeSliceStore:
                                  served.artifact_root, served.fingerprint_hash)
 
 
+Hex32 = Field(pattern=r"^0x[0-9a-f]{64}$")
+MAX_EXPERTS = 1 << 20  # layers × experts of any model the module accepts (uint16 × uint16, far fewer in practice)
+
+
+class MoeOpeningWire(BaseModel):
+    """GET /v1/moe/{inference_id}: the opening of an inference's moeRoot (ExpertDuty.MoeOpening), hex."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output_hash: str = Hex32
+    artifact_root: str = Hex32
+    fingerprint_hash: str = Hex32  # the dense one, before moeRoot is bound in
+    router_root: str = Hex32
+    counts: list[int] = Field(max_length=MAX_EXPERTS)
+    expert_roots: list[str] = Field(max_length=MAX_EXPERTS)
+
+    @classmethod
+    def of(cls, o: MoeOpening) -> MoeOpeningWire:
+        """Return the wire form of an opening."""
+        return cls(output_hash="0x" + o.output_hash.hex(), artifact_root="0x" + o.artifact_root.hex(),
+                   fingerprint_hash="0x" + o.fingerprint_hash.hex(), router_root="0x" + o.router_root.hex(),
+                   counts=list(o.counts), expert_roots=["0x" + r.hex() for r in o.expert_roots])
+
+    def opening(self) -> MoeOpening:
+        """Return the opening (InvalidMoe if its per-expert lists differ in length or a root is not 32 bytes)."""
+        if len(self.counts) != len(self.expert_roots) or any(not 0 <= c < 2**32 for c in self.counts):
+            raise InvalidMoe("an opening has one uint32 count and one root per expert", MoeReason.MOE_MALFORMED)
+        try:
+            roots = tuple(bytes.fromhex(r.removeprefix("0x")) for r in self.expert_roots)
+        except ValueError as exc:
+            raise InvalidMoe(f"an expert root is not hex: {exc}", MoeReason.MOE_MALFORMED) from exc
+        if any(len(r) != 32 for r in roots):
+            raise InvalidMoe("an expert root is not 32 bytes", MoeReason.MOE_MALFORMED)
+        return MoeOpening(bytes.fromhex(self.output_hash[2:]), bytes.fromhex(self.artifact_root[2:]),
+                          bytes.fromhex(self.fingerprint_hash[2:]), bytes.fromhex(self.router_root[2:]),
+                          tuple(self.counts), roots)
+
+
+def compute_opening(served: ServedMoe) -> MoeOpening:
+    """Return what opens one kept inference's moeRoot on the module."""
+    router_root, counts, roots = served.commitment.opening()
+    return MoeOpening(compute_output_hash(served.output_ids), served.artifact_root, served.fingerprint_hash,
+                      router_root, tuple(counts), tuple(roots))
+
+
 def parse_inference_id(text: str) -> int:
     """Return a path's inference id (decimal, < 2**256); ValueError otherwise."""
     if not text.isdigit() or len(text) > MAX_ID_DIGITS or int(text) >= 2**256:
@@ -87,6 +137,18 @@ def add_moe_routes(app: web.Application, store: MoeSliceStore) -> None:
             return web.json_response({"error": "unknown inference"}, status=404)
         return web.Response(body=raw, content_type="application/octet-stream")
 
+    async def get_opening(request: web.Request) -> web.Response:
+        try:
+            inference_id = parse_inference_id(request.match_info["inference_id"])
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)[:200]}, status=400)
+        served = store.get(inference_id)
+        if served is None:
+            return web.json_response({"error": "unknown inference"}, status=404)
+        wire = await asyncio.to_thread(lambda: MoeOpeningWire.of(compute_opening(served)))
+        return web.Response(body=wire.model_dump_json(), content_type="application/json")
+
+    app.router.add_get("/v1/moe/{inference_id}", get_opening)
     app.router.add_get("/v1/moe/{inference_id}/{duty}", get_slice)
 
 
@@ -97,4 +159,5 @@ def make_moe_app(store: MoeSliceStore) -> web.Application:
     return app
 
 
-__all__ = ["MoeSliceStore", "ServedMoe", "add_moe_routes", "make_moe_app", "parse_inference_id"]
+__all__ = ["MoeOpeningWire", "MoeSliceStore", "ServedMoe", "add_moe_routes", "compute_opening", "make_moe_app",
+           "parse_inference_id"]

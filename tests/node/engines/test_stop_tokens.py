@@ -9,14 +9,14 @@ from node.engines.tokenizer import ModelTokenizer
 
 # what the lead registers on chain with each model (ModelRegistry.stopTokensOf)
 EXPECTED = {"smollm2-135m-instruct": (2,), "smollm2-135m-instruct-bf16": (2,), "gemma-3-270m": (1,),
-            "tiny-llama": (2,), "smollm2-moe-4x135m": (2,), "smollm2-135m-instruct-vllm-stock": (2,)}
+            "tiny-llama": (2,), "smollm2-moe-4x135m": (2,), "tiny-moe": (2,), "smollm2-135m-instruct-vllm-stock": (2,)}
 
 
 def test_every_registered_model_declares_its_stop_tokens():
     assert {name: spec.stop_token_ids for name, spec in load_registry().items()} == EXPECTED
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "smollm2-135m-instruct", "gemma-3-270m"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-moe", "smollm2-135m-instruct", "gemma-3-270m"])
 def test_the_stop_tokens_are_the_tokenizer_and_generation_config_eos(name):
     files = materialise_model(get_model_spec(name))  # the executer's folder; its weights are not loaded here
     eos = json.loads((files.path / "generation_config.json").read_text())["eos_token_id"]

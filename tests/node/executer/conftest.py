@@ -15,9 +15,11 @@ from node.profiles import load_profile
 
 
 class RunningServer:
-    def __init__(self, service: ExecuterService) -> None:
-        path, profile = load_profile(service.files.spec)
-        self.app = create_app(service, str(path), profile.meta.calibrated)
+    def __init__(self, service: ExecuterService, app: web.Application | None = None) -> None:
+        if app is None:
+            path, profile = load_profile(service.files.spec)
+            app = create_app(service, str(path), profile.meta.calibrated)
+        self.app = app
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
