@@ -39,22 +39,16 @@ from chain.devnet import Anvil, dev_account
 from chain.eip712 import Verdict, sign_verdict
 from chain.moe import DutyResult, ExpertDutyClient, MoeOpening, deploy_expert_duty
 from chain.txmanager import TxManager
-from node.moe.serve import MoeSliceStore, ServedMoe, make_moe_app
-from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash
-from node.protocol.fingerprint import build_fingerprint, compute_fingerprint_hash
 from node.protocol.hashing import keccak256
 from node.protocol.moe import (
     ROUTER,
     SHARED,
     ExpertKey,
-    MoeCommitment,
     MoeReason,
     compute_duty_key,
-    compute_moe_fingerprint_hash,
     parse_duty_key,
 )
 from node.protocol.sampler import SamplingParams
-from node.protocol.seed import run_seed
 from node.store.leveldb import Store
 from node.validator.config import MoeServiceConfig
 from node.validator.moe import MoeDutyService, compute_shape
@@ -106,16 +100,11 @@ class MoeInferenceRecord:
 
 @dataclass(frozen=True)
 class Served:
-    """What an operator produced and committed for one request."""
+    """What an operator's executer produced and committed for one request."""
 
-    fed: list[int]
-    prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
-    trace: Any
-    moe: MoeCommitment
     commitment: Commitment
     opening: MoeOpening
-    dense_fingerprint_hash: bytes
 
 
 def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, ...]:
@@ -129,43 +118,29 @@ def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, 
 
 
 class MoeOperator:
-    """An operator serving the MoE model, honestly or with one expert quantised to int8."""
+    """An operator running the real executer on the MoE model, honestly or with one expert quantised to int8."""
 
     def __init__(self, name: str, account: Any, cheat: ExpertKey | None) -> None:
         self.name = name
         self.account = account
         self.cheat = cheat
-        self.slices = MoeSliceStore()  # served over HTTP to the drawn validators (node.moe.serve)
+        self.service: Any = None  # its ExecuterService (node.executer): generation, artifact, per-expert commitment
         self.url = ""
 
-    def serve(self, engine: Any, model_id: bytes, inference_id: int, prompt_ids: tuple[int, ...],
-              params: SamplingParams, user_seed: int, stop_ids: frozenset[int]) -> Served:
-        """Generate, trace the experts and build what it commits (under the int8 expert if it cheats)."""
+    def serve(self, inference_id: int, prompt_ids: tuple[int, ...], params: SamplingParams, user_seed: int) -> Served:
+        """Generate and record through the executer (under the int8 expert if it cheats); return what it commits."""
         from contextlib import nullcontext
 
-        from node.engines.base import GenerationRequest
         from node.moe.attacks import int8_expert
-        from node.moe.trace import build_commitment, record_trace
 
-        rs = run_seed(user_seed, inference_id)
-        attack = nullcontext() if self.cheat is None else int8_expert(engine.model, self.cheat)
+        prompt_hash = keccak256(bytes(np.asarray(prompt_ids, dtype=">u4").tobytes()))
+        attack = nullcontext() if self.cheat is None else int8_expert(self.service.engine.model, self.cheat)
         with attack:
-            gen = engine.generate([GenerationRequest(prompt_ids, params, rs, K, stop_ids)])[0]
-            fed = [*prompt_ids, *gen.output_ids[:-1]]
-            trace = record_trace(engine.model, fed)
-        moe = build_commitment(trace)
-        header = ArtifactHeader(model_id, params.temperature_bits, params.top_p_bits, params.top_k, params.max_tokens,
-                                K, rs, prompt_ids, len(gen.output_ids))
-        artifact = Artifact(header, gen.positions(K))
-        dense_fp = compute_fingerprint_hash(build_fingerprint(gen.hidden, len(prompt_ids)))
-        output_hash = compute_output_hash(gen.output_ids)
-        router_root, counts, roots = moe.opening()
-        served = Served(fed, prompt_ids, tuple(gen.output_ids), trace, moe,
-                        Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(dense_fp, moe.root())),
-                        MoeOpening(output_hash, artifact.root, dense_fp, router_root, tuple(counts), tuple(roots)),
-                        dense_fp)
-        self.slices.put(inference_id, ServedMoe(moe, trace, prompt_ids, served.output_ids, artifact.root, dense_fp))
-        return served
+            s = self.service.infer(prompt_ids, prompt_hash, params, user_seed, inference_id,
+                                   {"prompt_ids": list(prompt_ids)})
+        opening = self.service.moe.opening(inference_id)
+        return Served(tuple(s.generation.output_ids), Commitment(s.output_hash, s.artifact.root, s.fingerprint_hash),
+                      opening)
 
 
 class ServiceLoop:
@@ -203,8 +178,10 @@ class ServiceLoop:
 
 
 async def serve_operator(op: MoeOperator) -> web.AppRunner:
-    """Serve an operator's MoE slices on a free loopback port; set its URL."""
-    runner = web.AppRunner(make_moe_app(op.slices))
+    """Serve an operator's executer API (its MoE slices and openings among it) on a free loopback port; set its URL."""
+    from node.executer.server import create_app
+
+    runner = web.AppRunner(create_app(op.service, "none (no dense stage-2 profile)", False))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -237,19 +214,19 @@ class MoeDevnet:
         """Run the network; return the problems found (none: the cheater slashed, the honest operator paid)."""
         import torch
 
+        from node.engines.models import get_model_spec, materialise_model
         from node.engines.tokenizer import ModelTokenizer
         from node.engines.transformers_engine import TransformersEngine
+        from node.executer.moe import MoeRecorder
+        from node.executer.service import ExecuterService
         from node.moe.config import DutyValidator, MoeDutiesConfig
-        from node.moe.model import materialise_moe
         from node.moe.validate import load_limits
 
         torch.set_num_threads(self.options.threads)
-        folder = materialise_moe(self.options.model)
+        files = materialise_model(get_model_spec(self.options.model))
+        folder, model_id = files.path, files.model_id
         config = json.loads((folder / "config.json").read_text())
         layers, experts, vocab = config["num_hidden_layers"], config["num_local_experts"], config["vocab_size"]
-        marker = json.loads((folder / "verinfer-model.json").read_text())
-        model_id = keccak256(b"verinfer-model-v1" + self.options.model.encode() + b"\x00" +
-                             bytes.fromhex(marker["weights_sha256"]))
         self.engine = TransformersEngine(folder, self.options.model)
         tokenizer = ModelTokenizer(folder, True)
         limits = load_limits()
@@ -267,6 +244,8 @@ class MoeDevnet:
             ed = deploy_expert_duty(w3, admin, hub, self.options.per_duty)
             ed.set_shape(admin, model_id, layers, experts)
             operators = [MoeOperator("honest", honest_key, None), MoeOperator("int8-expert", cheat_key, cheat)]
+            for op in operators:  # one engine in this process: the cheater patches its expert only while it serves
+                op.service = ExecuterService(files, tokenizer, self.engine, None, moe=MoeRecorder(self.engine.model))
             for op in operators:
                 hub.bond(op.account, Role.OPERATOR, 10 * 10**18)
             cache: dict[ExpertKey, Any] = {}
@@ -318,7 +297,7 @@ class MoeDevnet:
         iid = hub.request_inference(requester, op.account.address, model_id, keccak256(bytes(np.asarray(
             prompt_ids, dtype=">u4").tobytes())), user_seed, Params(params.temperature_bits, params.top_p_bits,
                                                                       params.top_k, params.max_tokens), FEE)
-        served = op.serve(self.engine, model_id, iid, prompt_ids, params, user_seed, frozenset({2}))
+        served = op.serve(iid, prompt_ids, params, user_seed)
         hub.commit_inference(op.account, iid, served.commitment)
         anvil_mine(w3, 2)
         before = hub.staker(op.account.address).stake
