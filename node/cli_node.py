@@ -123,19 +123,20 @@ def build_moe_service(cfg: ValidatorConfig, account: LocalAccount, hub: Hub, sto
     import json
 
     from chain.moe import ExpertDutyClient
+    from node.engines.models import get_model_spec, materialise_model
     from node.moe.config import DutyValidator, MoeDutiesConfig
-    from node.moe.model import materialise_moe
     from node.moe.validate import load_limits
     from node.validator.moe import MoeDutyService, compute_shape
 
     assert cfg.moe is not None
-    folder = materialise_moe(cfg.moe.model)
+    files = materialise_model(get_model_spec(cfg.moe.model))  # the registry's entry: its hub id too
+    folder = files.path
     checker = DutyValidator(folder, MoeDutiesConfig(experts=cfg.moe.experts), load_limits())
     shape = compute_shape(json.loads((folder / "config.json").read_text()))
     return MoeDutyService(cfg.moe, account, hub, ExpertDutyClient(hub.w3, cfg.moe.module), store, checker, shape,
                           cfg.executers, node.txm, confirmations=cfg.confirmations, poll_interval=cfg.poll_interval,
                           fetch_timeout=cfg.fetch_timeout, registry=node.metrics.registry,
-                          recent_blocks_guard=cfg.recent_blocks_guard)
+                          recent_blocks_guard=cfg.recent_blocks_guard, model_id=files.model_id)
 
 
 def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,

@@ -104,7 +104,6 @@ class Served:
 
     output_ids: tuple[int, ...]
     commitment: Commitment
-    opening: MoeOpening
 
 
 def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, ...]:
@@ -138,9 +137,7 @@ class MoeOperator:
         with attack:
             s = self.service.infer(prompt_ids, prompt_hash, params, user_seed, inference_id,
                                    {"prompt_ids": list(prompt_ids)})
-        opening = self.service.moe.opening(inference_id)
-        return Served(tuple(s.generation.output_ids), Commitment(s.output_hash, s.artifact.root, s.fingerprint_hash),
-                      opening)
+        return Served(tuple(s.generation.output_ids), Commitment(s.output_hash, s.artifact.root, s.fingerprint_hash))
 
 
 class ServiceLoop:
@@ -301,7 +298,8 @@ class MoeDevnet:
         hub.commit_inference(op.account, iid, served.commitment)
         anvil_mine(w3, 2)
         before = hub.staker(op.account.address).stake
-        receipt = ed.assign_duties(requester, iid, served.opening)
+        opening = fetch_opening(op.url, iid)  # as any opener would: from the operator's executer API
+        receipt = ed.assign_duties(requester, iid, opening)
         opened = ed.opened(iid)
         record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties, opened.uncovered)
         record.assign_gas = int(receipt["gasUsed"])
@@ -359,6 +357,17 @@ class MoeDevnet:
             if op.cheat is None and (s.jailed or s.stake != 10 * 10**18 or hub.credits(op.account.address) == 0):
                 problems.append(f"{op.name} is not in good standing and paid")
         return problems
+
+
+def fetch_opening(url: str, inference_id: int) -> MoeOpening:
+    """Return an inference's MoE opening from an executer's `GET /v1/moe/{id}` (InvalidMoe if malformed)."""
+    import httpx
+
+    from node.moe.serve import MoeOpeningWire
+
+    response = httpx.get(f"{url}/v1/moe/{inference_id}", timeout=30)
+    response.raise_for_status()
+    return MoeOpeningWire.model_validate_json(response.content).opening()
 
 
 def anvil_mine(w3: Any, blocks: int) -> None:

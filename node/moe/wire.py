@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from node.moe.trace import ExpertRows, MoeTrace
-from node.protocol.hashing import ZERO32, keccak256
+from node.protocol.hashing import ZERO32
 from node.protocol.merkle import compute_leaf_hash, compute_merkle_root
 from node.protocol.moe import (
     ROUTER,
@@ -40,7 +40,7 @@ from node.protocol.moe import (
     RouterLeaf,
     compute_duty_key,
     compute_expert_root,
-    compute_summary_leaf_hash,
+    compute_opened_moe_root,
     decode_expert_leaf,
     decode_router_leaf,
     encode_expert_leaf,
@@ -195,8 +195,8 @@ def decode_duty_slice(raw: bytes, key: ExpertKey, moe_root: bytes, shape: MoeSha
                          MoeReason.MOE_MALFORMED)
     entries = [_SUMMARY_ENTRY.unpack(r.take(_SUMMARY_ENTRY.size)) for _ in range(layers * experts)]
     keys = [ExpertKey(L, e) for L in range(layers) for e in range(experts)]
-    summaries = [compute_summary_leaf_hash(k, c, root) for k, (c, root) in zip(keys, entries, strict=True)]
-    if keccak256(router_root + compute_merkle_root(summaries)) != moe_root:
+    if compute_opened_moe_root(layers, experts, router_root, [c for c, _ in entries],
+                               [root for _, root in entries]) != moe_root:
         raise InvalidMoe("the slice's opening does not rebuild the committed moeRoot", MoeReason.EXPERT_ROOT_MISMATCH)
     counts = tuple(c for c, _ in entries)
     if any(c > positions for c in counts):

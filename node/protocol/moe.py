@@ -247,6 +247,16 @@ def compute_summary_leaf_hash(key: ExpertKey, count: int, root: bytes) -> bytes:
     return compute_leaf_hash(_SUMMARY.pack(key.layer, key.expert, count, root))
 
 
+def compute_opened_moe_root(num_layers: int, num_experts: int, router_root: bytes, counts: Sequence[int],
+                            roots: Sequence[bytes]) -> bytes:
+    """Return the moeRoot an opening rebuilds: keccak256(routerRoot ‖ expertsRoot over the summary leaves)."""
+    if len(counts) != num_layers * num_experts or len(roots) != len(counts):
+        raise InvalidMoe("an opening has one count and one root per expert of the model", MoeReason.MOE_MALFORMED)
+    keys = [ExpertKey(L, e) for L in range(num_layers) for e in range(num_experts)]
+    leaves = [compute_summary_leaf_hash(k, c, r) for k, c, r in zip(keys, counts, roots, strict=True)]
+    return keccak256(router_root + compute_merkle_root(leaves))
+
+
 @dataclass(frozen=True, eq=False)
 class MoeCommitment:
     """Everything an executer commits for one inference on an MoE model (leaves; roots are computed)."""

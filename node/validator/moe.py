@@ -8,6 +8,11 @@
   sign     slashing protection (one decision per inference and duty, synced) → EIP-712 ExpertVerdict →
            `submitExpertVerdicts` through the daemon's journaled TxManager (one nonce sequence per key)
 
+  open     (with the model's hub id) a confirmed `InferenceCommitted` of the MoE model, checked, with this
+           validator on its hub committee and not yet opened → the operator's opening (`GET {executer}/v1/moe/{id}`)
+           rebuilt locally into the hub's commitment → `assignDuties` (journaled); another member's earlier open
+           (AlreadyAssigned) ends the job. Never sent for an opening that does not rebuild the commitment.
+
 An operator that does not serve a duty's slice within the retries is judged DUTY_DATA_UNAVAILABLE, as a dense
 payload that never arrives is judged unavailable: withholding is not a way out of a check. A slice that does not
 rebuild into the committed root counts as not served. Whatever goes wrong in one job (the operator's bytes, the
@@ -26,6 +31,7 @@ from typing import Any
 import aiohttp
 from eth_account.signers.local import LocalAccount
 from prometheus_client import CollectorRegistry, Counter
+from pydantic import ValidationError as PydanticValidationError
 from web3 import Web3
 
 from chain.contracts import Hub
@@ -35,6 +41,7 @@ from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
 from chain.txmanager import TxManager
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.moe.config import DutyValidator
+from node.moe.serve import MoeOpeningWire
 from node.moe.wire import DutySlice, MoeShape, compute_max_slice_size, decode_duty_slice
 from node.protocol.artifact import compute_output_hash
 from node.protocol.hashing import keccak256
@@ -44,6 +51,7 @@ from node.protocol.moe import (
     InvalidMoe,
     MoeReason,
     compute_moe_fingerprint_hash,
+    compute_opened_moe_root,
     parse_duty_key,
 )
 from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
@@ -54,8 +62,11 @@ from node.validator.tasks import wait_stop_or_failure
 log = logging.getLogger(__name__)
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
 JOB, DONE = "moe-job", "moe-done"
+OPEN = "moe-open"  # a committed inference of the model this validator may open on the module
 # reverts after which no retry can succeed: the job ends (the duty is past its window or not ours to judge)
 FINAL_REVERTS = frozenset({"CheckWindowOver", "NotAssignedTo", "DutyNotAssigned", "NotChecked"})
+FINAL_OPEN_REVERTS = frozenset({"AlreadyAssigned", "CheckWindowOver", "NotChecked", "CommitmentMismatch",
+                                "UnknownShape"})
 
 
 @dataclass(frozen=True)
@@ -77,8 +88,12 @@ class MoeDutyService:
     def __init__(self, config: MoeServiceConfig, account: LocalAccount, hub: Hub, module: ExpertDutyClient,
                  store: Store, checker: DutyValidator, shape: MoeShape, executers: dict[str, str], txm: TxManager,
                  confirmations: int = 2, poll_interval: float = 1.0, fetch_timeout: float = 10.0,
-                 registry: CollectorRegistry | None = None, recent_blocks_guard: int = 64) -> None:
+                 registry: CollectorRegistry | None = None, recent_blocks_guard: int = 64,
+                 model_id: bytes | None = None) -> None:
+        """`model_id`: the MoE model's hub id, whose committed inferences this validator opens when it sits on their
+        hub committee (None: it never opens; someone else must)."""
         self.config = config
+        self.model_id = model_id
         self.account = account
         self.hub = hub
         self.module = module
@@ -93,6 +108,10 @@ class MoeDutyService:
         self.stream = EventStream(hub.w3, module.contract, store.cursor("moe-duties"), start_block=config.start_block,
                                   confirmations=confirmations)
         self.queue: asyncio.Queue[DutyJob] = asyncio.Queue()
+        self.commits = EventStream(hub.w3, hub.contract, store.cursor("moe-commits"), start_block=config.start_block,
+                                   confirmations=confirmations)
+        self.opens: asyncio.Queue[int] = asyncio.Queue()
+        self.opened_by_us: list[int] = []  # inference ids this validator opened: for tests and logs
         self._attempts: dict[int, int] = {}
         self._check_window: int | None = None
         registry = registry or CollectorRegistry()
@@ -119,10 +138,16 @@ class MoeDutyService:
         await asyncio.to_thread(self.preflight)
         for _, value in self.store.records(JOB):
             self.queue.put_nowait(DutyJob(int(value["inference_id"]), int(value["duty"])))
+        for _, value in self.store.records(OPEN):
+            self.opens.put_nowait(int(value["inference_id"]))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.fetch_timeout)) as session:
             tasks = [asyncio.create_task(self.stream.run(self._on_events, self.poll_interval, stop=stop),
                                          name="moe-events"),
                      asyncio.create_task(self._judge_loop(session, stop), name="moe-judge")]
+            if self.model_id is not None:
+                tasks += [asyncio.create_task(self.commits.run(self._on_commits, self.poll_interval, stop=stop),
+                                              name="moe-commits"),
+                          asyncio.create_task(self._open_loop(session, stop), name="moe-open")]
             try:
                 await wait_stop_or_failure(tasks, stop)
             finally:
@@ -142,6 +167,83 @@ class MoeDutyService:
             if self.store.get_record(JOB, job.key) is None and self.store.get_record(DONE, job.key) is None:
                 self.store.put_record(JOB, job.key, asdict(job))
                 self.queue.put_nowait(job)
+
+    async def _on_commits(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
+        """Record an open job for every committed inference (its model is checked when the job runs)."""
+        for event in events:
+            if event.name != "InferenceCommitted":
+                continue
+            iid = int(event.args["inferenceId"])
+            key = _open_key(iid)
+            if self.store.get_record(OPEN, key) is None and self.store.get_record(DONE, key) is None:
+                self.store.put_record(OPEN, key, {"inference_id": iid})
+                self.opens.put_nowait(iid)
+
+    # ---- opening ----------------------------------------------------------------------------------
+
+    async def _open_loop(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        """Open queued inferences on the module; a transient failure retries later, a final one ends the job."""
+        attempts: dict[int, int] = {}
+        while not stop.is_set():
+            iid = await self.opens.get()
+            try:
+                why = await self.open_one(session, iid)
+            except ContractReverted as exc:
+                if exc.error not in FINAL_OPEN_REVERTS:
+                    raise
+                why = exc.error
+            except (*TRANSIENT, InvalidInput, ValueError) as exc:
+                n = attempts[iid] = attempts.get(iid, 0) + 1
+                self.errors.labels(f"open:{type(exc).__name__}").inc()
+                log.info("MoE open postponed: %s", exc, extra={"inference_id": iid, "attempt": n})
+                if n < self.config.attempts:
+                    asyncio.get_running_loop().call_later(min(0.5 * 2**n, 30.0), self.opens.put_nowait, iid)
+                    continue
+                why = "given up"
+            attempts.pop(iid, None)
+            self.store.put_record(DONE, _open_key(iid), {"why": why, "at": int(time.time())})
+            self.store.delete_record(OPEN, _open_key(iid))
+            log.info("MoE open job ended: %s", why, extra={"inference_id": iid})
+
+    async def open_one(self, session: aiohttp.ClientSession, iid: int) -> str:
+        """Open one committed inference on the module if it is ours to open; return why the job ends."""
+        inf = await asyncio.to_thread(self.hub.get_inference, iid)
+        if inf.model_id != self.model_id:
+            return "another model"
+        if (await asyncio.to_thread(self.module.opened, iid)).commit_block != 0:
+            return "opened"
+        if await asyncio.to_thread(self._is_past_window, inf.commit_block):
+            return "CheckWindowOver"
+        if int(await asyncio.to_thread(lambda: self.hub.w3.eth.block_number)) <= inf.commit_block + 1:
+            raise RecoverableError(f"inference {iid}: its selection seed is not mined yet", Reason.CHAIN_UNAVAILABLE)
+        checked, committee = await asyncio.to_thread(self.hub.selection_of, iid)
+        if not checked:
+            return "not checked"
+        if self.account.address not in committee:  # its committee opens: a bounded set of senders races
+            return "not on its committee"
+        url = self.executers.get(Web3.to_checksum_address(inf.operator))
+        if url is None:
+            raise RecoverableError(f"no executer URL configured for operator {inf.operator}",
+                                   Reason.CHAIN_UNAVAILABLE)
+        async with session.get(f"{url}/v1/moe/{iid}") as response:
+            if response.status != 200:
+                raise ValueError(f"opening of {iid}: http {response.status}")
+            raw = await read_capped(response, 64 * self.shape.layers * self.shape.experts + 4096)
+        try:
+            opening = MoeOpeningWire.model_validate_json(bytes(raw)).opening()
+            moe_root = compute_opened_moe_root(self.shape.layers, self.shape.experts, opening.router_root,
+                                               opening.counts, opening.expert_roots)
+        except (InvalidMoe, PydanticValidationError) as exc:
+            raise ValueError(f"opening of {iid} is malformed: {exc}") from exc
+        bound = compute_moe_fingerprint_hash(opening.fingerprint_hash, moe_root)
+        if keccak256(opening.output_hash + opening.artifact_root + bound) != inf.commitment:
+            raise ValueError(f"opening of {iid} does not rebuild the hub's commitment")  # never paid for
+        fn = self.module.contract.functions.assignDuties(iid, opening.as_tuple())
+        entry = await asyncio.to_thread(lambda: self.txm.send(fn, purpose=f"assign duties {iid}"))
+        await asyncio.to_thread(self.txm.confirm, entry["nonce"])
+        self.opened_by_us.append(iid)
+        log.info("MoE inference opened on the module", extra={"inference_id": iid})
+        return "opened by us"
 
     # ---- judging ----------------------------------------------------------------------------------
 
@@ -280,6 +382,11 @@ class MoeDutyService:
         self.store.put_record(DONE, job.key, {"why": why, "at": int(time.time())})
         self.store.delete_record(JOB, job.key)
         self._attempts.pop(job.key, None)
+
+
+def _open_key(inference_id: int) -> int:
+    """Return an open job's store key (apart from every duty job's)."""
+    return int.from_bytes(keccak256(b"open" + inference_id.to_bytes(32, "big")), "big")
 
 
 def compute_shape(config: dict[str, Any]) -> MoeShape:

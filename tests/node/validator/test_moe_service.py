@@ -45,7 +45,7 @@ from node.protocol.moe import (
 )
 from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
 from node.validator.config import MoeServiceConfig
-from node.validator.moe import MoeDutyService, compute_shape
+from node.validator.moe import MoeDutyService, _open_key, compute_shape
 from tests.chain.conftest import MODEL_ID, Net, build_net
 from tests.chain.flows import FEE, USER_SEED, honest_artifact
 
@@ -84,7 +84,7 @@ def _all_duties(layers: int, experts: int) -> tuple[str, ...]:
     return tuple(str(k) for k in keys)
 
 
-def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None) -> Opened:
+def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None, assign: bool = True) -> Opened:
     ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
     ed.set_shape(net.admin, MODEL_ID, model.config.num_hidden_layers, model.config.num_local_experts)
     for v in net.validators:
@@ -108,6 +108,9 @@ def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None) -> Ope
     net.mine(2)
     from chain.moe import MoeOpening
 
+    served = ServedMoe(moe, trace, PROMPT, OUTPUT, artifact.root, DENSE_FP)
+    if not assign:  # left to the validators' services to open
+        return Opened(iid, ed, served, {})
     router_root, counts, roots = moe.opening()
     receipt = ed.assign_duties(net.requester, iid, MoeOpening(output_hash, artifact.root, DENSE_FP, router_root,
                                                               tuple(counts), tuple(roots)))
@@ -115,7 +118,8 @@ def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None) -> Ope
                   ed.assignments(iid, int(receipt["blockNumber"])))
 
 
-def _services(net: Net, opened: Opened, folder: Path, model: Any, url: str, tmp: Path) -> list[MoeDutyService]:
+def _services(net: Net, opened: Opened, folder: Path, model: Any, url: str, tmp: Path,
+              model_id: bytes | None = None) -> list[MoeDutyService]:
     duties = _all_duties(model.config.num_hidden_layers, model.config.num_local_experts)
     cache: dict[ExpertKey, Any] = {}
     out = []
@@ -127,7 +131,7 @@ def _services(net: Net, opened: Opened, folder: Path, model: Any, url: str, tmp:
                                   v, Hub(net.w3, net.hub.address), ExpertDutyClient(net.w3, opened.ed.address),
                                   store, checker, compute_shape(model.config.to_dict()), {net.operator.address: url},
                                   TxManager(net.w3, v, store), confirmations=0, poll_interval=0.05,
-                                  fetch_timeout=5.0))
+                                  fetch_timeout=5.0, model_id=model_id))
     return out
 
 
@@ -205,6 +209,47 @@ def test_honest_duties_are_judged_from_fetched_slices_and_all_pass(net: Net, tin
                 record = s.store.get_expert_verdict(iid, compute_duty_key(ExpertKey.parse(duty)))
                 assert record is not None and record.valid and record.reason == reason
         assert net.hub.staker(net.operator.address).stake == 10 * 10**18
+    finally:
+        _close(services)
+
+
+def test_the_committee_opens_a_committed_inference_from_the_operators_opening_then_judges_it(
+        net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
+    folder, model = tiny
+    opened = _open_inference(net, model, assign=False)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path, model_id=MODEL_ID)
+    c = opened.served.commitment
+    duties = sum(1 for k in c.expert_keys() if c.leaves_of(k)) + c.num_layers + 1
+    try:
+        asyncio.run(_run(net, services, _serve(opened), 2 * duties, port))
+        assert opened.ed.opened(opened.iid).moe_root == c.root()
+        assert sum(s.opened_by_us.count(opened.iid) for s in services) == 1  # the others saw it opened or lost
+        assert any(f"assign duties {opened.iid}" == e.get("purpose") for s in services
+                   for e in s.store.journal_entries())  # journaled as any transaction of the daemon
+        assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.PASSED
+                   for d in {compute_duty_key(ExpertKey.parse(duty)) for s in services for _, duty, _ in s.done})
+    finally:
+        _close(services)
+
+
+def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent(net: Net, tiny: tuple[Path, Any],
+                                                                        tmp_path: Path) -> None:
+    import dataclasses
+
+    folder, model = tiny
+    opened = _open_inference(net, model, assign=False)
+    url, port = _url_and_port()
+    services = _services(net, opened, folder, model, url, tmp_path, model_id=MODEL_ID)
+    forged = MoeSliceStore()  # the operator serves an opening with another dense fingerprint hash
+    forged.put(opened.iid, dataclasses.replace(opened.served, fingerprint_hash=keccak256(b"another")))
+    key = _open_key(opened.iid)
+    try:
+        asyncio.run(_run(net, services, forged, len(services), port,
+                         count=lambda: sum(s.store.get_record("moe-done", key) is not None for s in services)))
+        assert opened.ed.opened(opened.iid).commit_block == 0
+        assert all(s.store.get_record("moe-done", key)["why"] == "given up" for s in services)
+        assert not any("assign duties" in str(e.get("purpose")) for s in services for e in s.store.journal_entries())
     finally:
         _close(services)
 
