@@ -37,7 +37,7 @@ from chain.contracts import Commitment, Hub, HubConfig, ModelState, Params, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
 from chain.eip712 import Verdict, sign_verdict
-from chain.moe import DutyResult, ExpertDutyClient, MoeOpening, deploy_expert_duty
+from chain.moe import DutyResult, ExpertDutyClient, deploy_expert_duty
 from chain.txmanager import TxManager
 from node.protocol.hashing import keccak256
 from node.protocol.moe import (
@@ -265,12 +265,13 @@ class MoeDevnet:
                                                           experts=duties.experts),
                                          account, Hub(own_w3, hub.address), ExpertDutyClient(own_w3, ed.address),
                                          store, checker, shape, executers, TxManager(own_w3, account, store),
-                                         confirmations=0, poll_interval=0.1)
+                                         confirmations=0, poll_interval=0.1, model_id=model_id)
                     self.services.append(svc)
                     services.spawn(svc.run(services.stop))
                 anvil_mine(w3, 1)
                 self.note(f"chain up: hub {hub.address}, ExpertDuty {ed.address}; {n} validators running the MoE "
-                          f"duty service, {self.options.per_duty} drawn per duty; operators serve slices over HTTP")
+                          f"duty service (the hub committee's members open each commitment), {self.options.per_duty} "
+                          "drawn per duty; operators run the executer API")
                 for r in range(self.options.rounds):
                     for op in operators:
                         if hub.staker(op.account.address).jailed:
@@ -295,18 +296,20 @@ class MoeDevnet:
             prompt_ids, dtype=">u4").tobytes())), user_seed, Params(params.temperature_bits, params.top_p_bits,
                                                                       params.top_k, params.max_tokens), FEE)
         served = op.serve(iid, prompt_ids, params, user_seed)
-        hub.commit_inference(op.account, iid, served.commitment)
-        anvil_mine(w3, 2)
+        commit_block = int(hub.commit_inference(op.account, iid, served.commitment)["blockNumber"])
         before = hub.staker(op.account.address).stake
-        opening = fetch_opening(op.url, iid)  # as any opener would: from the operator's executer API
-        receipt = ed.assign_duties(requester, iid, opening)
+        anvil_mine(w3, 2)  # the selection seed: the hub committee's validators open the commitment on the module
+        deadline = time.monotonic() + self.options.judge_timeout
+        opened_at = self.wait_opened(w3, ed, iid, commit_block, deadline)
         opened = ed.opened(iid)
         record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties, opened.uncovered)
-        record.assign_gas = int(receipt["gasUsed"])
-        drawn = {parse_duty_key(d): addresses for d, addresses in
-                 ed.assignments(iid, int(receipt["blockNumber"])).items()}
+        if opened_at is not None:
+            record.assign_gas, block = opened_at
+            drawn = {parse_duty_key(d): addresses for d, addresses in ed.assignments(iid, block).items()}
+        else:
+            drawn = {}
+            self.note(f"#{iid}: no validator opened the commitment in time")
         expected = sum(len(a) for a in drawn.values())
-        deadline = time.monotonic() + self.options.judge_timeout
         while time.monotonic() < deadline and not services.failures():
             signed = [d for svc in self.services for d in svc.done if d[0] == iid]
             if len(signed) >= expected:
@@ -328,6 +331,17 @@ class MoeDevnet:
         self.note(f"#{iid} {op.name}: {record.tokens} tokens, {record.duties} duties drawn "
                   f"({record.assign_gas:,} gas), {record.checks} checks: {verdict}{slash}; hub {record.hub_status}")
         return record
+
+    def wait_opened(self, w3: Any, ed: ExpertDutyClient, iid: int, from_block: int,
+                    deadline: float) -> tuple[int, int] | None:
+        """Wait for a validator's service to open the inference; return (gas, block) of its assignDuties."""
+        while time.monotonic() < deadline:
+            logs = ed.get_events("DutiesAssigned", from_block, argument_filters={"inferenceId": iid})
+            if logs:
+                receipt = w3.eth.get_transaction_receipt(logs[0]["transactionHash"])
+                return int(receipt["gasUsed"]), int(receipt["blockNumber"])
+            time.sleep(0.2)
+        return None
 
     def settle_on_hub(self, hub: Hub, iid: int, served: Served, record: MoeInferenceRecord) -> None:
         """Have a quorum of the hub committee vote the duties' outcome; record the hub status."""
@@ -357,17 +371,6 @@ class MoeDevnet:
             if op.cheat is None and (s.jailed or s.stake != 10 * 10**18 or hub.credits(op.account.address) == 0):
                 problems.append(f"{op.name} is not in good standing and paid")
         return problems
-
-
-def fetch_opening(url: str, inference_id: int) -> MoeOpening:
-    """Return an inference's MoE opening from an executer's `GET /v1/moe/{id}` (InvalidMoe if malformed)."""
-    import httpx
-
-    from node.moe.serve import MoeOpeningWire
-
-    response = httpx.get(f"{url}/v1/moe/{inference_id}", timeout=30)
-    response.raise_for_status()
-    return MoeOpeningWire.model_validate_json(response.content).opening()
 
 
 def anvil_mine(w3: Any, blocks: int) -> None:

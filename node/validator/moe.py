@@ -188,18 +188,15 @@ class MoeDutyService:
             iid = await self.opens.get()
             try:
                 why = await self.open_one(session, iid)
-            except ContractReverted as exc:
-                if exc.error not in FINAL_OPEN_REVERTS:
-                    raise
-                why = exc.error
             except (*TRANSIENT, InvalidInput, ValueError) as exc:
-                n = attempts[iid] = attempts.get(iid, 0) + 1
+                final = isinstance(exc, ContractReverted) and exc.error in FINAL_OPEN_REVERTS
+                n = attempts[iid] = attempts.get(iid, 0) + 1  # any other revert (a race lost) is looked at again
                 self.errors.labels(f"open:{type(exc).__name__}").inc()
                 log.info("MoE open postponed: %s", exc, extra={"inference_id": iid, "attempt": n})
-                if n < self.config.attempts:
+                if not final and n < self.config.attempts:
                     asyncio.get_running_loop().call_later(min(0.5 * 2**n, 30.0), self.opens.put_nowait, iid)
                     continue
-                why = "given up"
+                why = exc.error if isinstance(exc, ContractReverted) and final else "given up"
             attempts.pop(iid, None)
             self.store.put_record(DONE, _open_key(iid), {"why": why, "at": int(time.time())})
             self.store.delete_record(OPEN, _open_key(iid))
