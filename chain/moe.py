@@ -3,8 +3,10 @@
 A duty is its uint32 key on chain, `uint16 layer ‖ uint16 expert` (node.protocol.moe.compute_duty_key).
 
 An MoE operator binds its commitment into the hub's fingerprint hash (``compute_moe_fingerprint_hash``);
-anyone opens it on the module (``assign_duties``), which draws, per duty the inference used, ``perDuty``
-validators among those that declared holding it before the commit. An assigned validator signs an
+anyone opens it on the module (``assign_duties``), which fixes the randomness that draws, per duty the inference
+used, ``perDuty`` validators among those that declared holding it before the commit. Draws are lazy: views
+(``assigned_to``, ``duties_of``) compute them, and a duty's first counted verdict stores its draw. An assigned
+validator signs an
 ``ExpertVerdict`` in the module's own EIP-712 domain ("verinfer-experts", "1"); anyone relays it; a majority of
 a duty's assigned validators settles it, and a failed duty of a punitive model slashes and jails the operator
 on the hub (``Verinfer.slashForModule``, granted to the module with ``MODULE_ROLE``), once per inference.
@@ -134,7 +136,7 @@ class ExpertDutyClient(ModuleClient):
                               commit_block))
 
     def assign_duties(self, account: LocalAccount, inference_id: int, opening: MoeOpening) -> TxReceipt:
-        """Open a checked inference's MoE commitment and draw its duties (anyone may, once)."""
+        """Open a checked inference's MoE commitment and fix its draws (anyone may, once; draws are lazy views)."""
         return self.transact(account, "assignDuties", inference_id, opening.as_tuple())
 
     def opened(self, inference_id: int) -> Opened:
@@ -143,16 +145,20 @@ class ExpertDutyClient(ModuleClient):
         return Opened(bytes(r[0]), bytes(r[1]), int(r[2]), int(r[3]), int(r[4]), bool(r[5]))
 
     def assigned_to(self, inference_id: int, duty: int) -> list[str]:
-        """Return the validators assigned to a duty, in hub slot order (empty: not drawn)."""
+        """Return the validators assigned to a duty, in hub slot order (empty: not a drawable duty)."""
         return [Web3.to_checksum_address(a) for a in self.call("assignedTo", inference_id, duty)]
 
-    def assignments(self, inference_id: int, from_block: int) -> dict[int, list[str]]:
-        """Return every duty key drawn for an inference with its validators, from its DutyAssigned events."""
-        out: dict[int, list[str]] = {}
-        for ev in self.get_events("DutyAssigned", from_block, argument_filters={"inferenceId": inference_id}):
-            out.setdefault(int(ev["args"]["duty"]), []).append(
-                Web3.to_checksum_address(ev["args"]["validator"]))
-        return out
+    def drawable_duties(self, inference_id: int) -> list[int]:
+        """Return an opened inference's drawable duty keys (used and covered), in holdings-bit order."""
+        return [int(d) for d in self.call("drawableDuties", inference_id)]
+
+    def duties_of(self, inference_id: int, validator: str) -> list[int]:
+        """Return the duty keys of an inference drawn for `validator` (one view call)."""
+        return [int(d) for d in self.call("dutiesOf", inference_id, Web3.to_checksum_address(validator))]
+
+    def assignments(self, inference_id: int) -> dict[int, list[str]]:
+        """Return every drawable duty key of an inference with its validators (the lazy draws, read as views)."""
+        return {d: self.assigned_to(inference_id, d) for d in self.drawable_duties(inference_id)}
 
     def duty_result(self, inference_id: int, duty: int) -> DutyResult:
         """Return a duty's result."""

@@ -14,7 +14,10 @@ import {ModelRegistry} from "./ModelRegistry.sol";
 ///         counts and roots; the duties are every expert with a leaf, every layer's router and the link. Each
 ///         gets `perDuty` distinct validators drawn from those holding it, a majority of whom settles it; a failed
 ///         duty of a punitive model slashes and jails the operator on the hub (`slashForModule`), once per
-///         inference.
+///         inference. Draws are lazy: the open verifies the opening, fixes the randomness and stores which
+///         duties are drawable (used and held by enough validators, one bit each); a duty's draw is a view
+///         (`assignedTo`) and is stored by its first counted verdict, so the open costs O(experts) hashing and
+///         one storage word per 256 duties, never a storage write per duty.
 /// @dev Everything a draw reads is fixed at the commit: the hub's weights at the end of block commitBlock - 1,
 ///      holdings declared at or before that block, randomness from the hub's selection seed (the block after the
 ///      commit). Draw j of duty (L, e): keccak256(randomness ‖ uint16 L ‖ uint16 e ‖ uint32 j) mod the remaining
@@ -88,11 +91,14 @@ contract ExpertDuty is EIP712 {
     mapping(bytes32 => mapping(address => mapping(uint256 => uint256[]))) internal holdingBits; // → version → bits
     mapping(uint256 => Opened) public opened;
     mapping(uint256 => mapping(uint32 => Duty)) public duties;
+    /// @dev inference → drawable duties, one bit per holdings bit (`dutyBit`): used and held by >= perDuty
+    mapping(uint256 => uint256[]) internal drawable;
+    /// @dev inference → the draws' randomness, fixed at the open (the hub's seed is readable 256 blocks only)
+    mapping(uint256 => bytes32) internal randomnessOf;
 
     event ModelShapeSet(bytes32 indexed modelId, uint256 layers, uint256 experts);
     event HoldingsDeclared(bytes32 indexed modelId, address indexed validator, uint256 version, uint32[] keys);
     event DutiesAssigned(uint256 indexed inferenceId, bytes32 moeRoot, uint256 duties, uint256 uncovered);
-    event DutyAssigned(uint256 indexed inferenceId, uint32 indexed duty, address indexed validator);
     event DutyUncovered(uint256 indexed inferenceId, uint32 indexed duty, uint256 holders);
     event ExpertVerdictRecorded(
         uint256 indexed inferenceId, uint32 indexed duty, address indexed validator, bool valid, uint16 reason
@@ -200,19 +206,23 @@ contract ExpertDuty is EIP712 {
         if (!checked) revert NotChecked(id);
         bytes32 randomness = keccak256(abi.encodePacked(hub.selectionSeed(id), "experts"));
         Holder[] memory holders = _holdersAt(inf.modelId, uint256(inf.commitBlock) - 1);
+        uint256 nbits = nexperts + s.layers + 1;
+        uint256[] memory bits = new uint256[]((nbits + 255) / 256);
         uint256 total = 0;
         uint256 uncovered = 0;
-        for (uint256 k; k < nexperts + s.layers + 1; ++k) {
-            uint32 duty;
-            if (k < nexperts) {
-                if (o.counts[k] == 0) continue; // never routed: nothing to judge
-                duty = dutyKey(uint16(k / s.experts), uint16(k % s.experts));
-            } else {
-                duty = k < nexperts + s.layers ? dutyKey(uint16(k - nexperts), ROUTER) : dutyKey(0, SHARED);
-            }
+        for (uint256 k; k < nbits; ++k) {
+            if (k < nexperts && o.counts[k] == 0) continue; // never routed: nothing to judge
             ++total;
-            if (!_draw(id, duty, k, randomness, holders)) ++uncovered;
+            uint256 eligible = _eligible(holders, k);
+            if (eligible < perDuty) {
+                ++uncovered;
+                emit DutyUncovered(id, _dutyOfBit(s, k), eligible);
+            } else {
+                bits[k >> 8] |= 1 << (k & 0xFF);
+            }
         }
+        drawable[id] = bits;
+        randomnessOf[id] = randomness;
         opened[id] = Opened({
             moeRoot: moeRoot,
             modelId: inf.modelId,
@@ -222,6 +232,24 @@ contract ExpertDuty is EIP712 {
             slashed: false
         });
         emit DutiesAssigned(id, moeRoot, total, uncovered);
+    }
+
+    /// @notice The drawable duties of an opened inference (used and covered), in holdings-bit order.
+    function drawableDuties(uint256 id) external view returns (uint32[] memory out) {
+        Opened storage op = opened[id];
+        if (op.commitBlock == 0) return out;
+        Shape memory s = _shape(op.modelId);
+        uint256[] storage bits = drawable[id];
+        uint256 nbits = uint256(s.layers) * (uint256(s.experts) + 1) + 1;
+        uint32[] memory all = new uint32[](nbits);
+        uint256 n = 0;
+        for (uint256 k; k < nbits; ++k) {
+            if (bits[k >> 8] & (1 << (k & 0xFF)) != 0) all[n++] = _dutyOfBit(s, k);
+        }
+        out = new uint32[](n);
+        for (uint256 i; i < n; ++i) {
+            out[i] = all[i];
+        }
     }
 
     /// @notice expertsRoot over one summary leaf `uint16 L ‖ uint16 e ‖ uint32 count ‖ bytes32 root` per expert.
@@ -250,28 +278,37 @@ contract ExpertDuty is EIP712 {
         return layer[0];
     }
 
-    /// @dev Draw `perDuty` holders of one duty (bit `bit` of the holdings) into storage; false if too few hold it.
-    function _draw(uint256 id, uint32 duty, uint256 bit, bytes32 randomness, Holder[] memory holders)
+    /// @dev How many holders hold bit `bit`.
+    function _eligible(Holder[] memory holders, uint256 bit) private pure returns (uint256 n) {
+        for (uint256 i; i < holders.length; ++i) {
+            uint256[] memory bits = holders[i].bits;
+            if (bits.length != 0 && bits[bit >> 8] & (1 << (bit & 0xFF)) != 0) ++n;
+        }
+    }
+
+    /// @dev The duty key of holdings bit `k` (the inverse of `dutyBit`).
+    function _dutyOfBit(Shape memory s, uint256 k) private pure returns (uint32) {
+        uint256 nexperts = uint256(s.layers) * s.experts;
+        if (k < nexperts) return dutyKey(uint16(k / s.experts), uint16(k % s.experts));
+        return k < nexperts + s.layers ? dutyKey(uint16(k - nexperts), ROUTER) : dutyKey(0, SHARED);
+    }
+
+    /// @dev The slot bitmap of the `perDuty` holders drawn for one drawable duty (bit `bit` of the holdings).
+    function _draw(uint32 duty, uint256 bit, bytes32 randomness, Holder[] memory holders)
         private
-        returns (bool)
+        view
+        returns (uint64 assigned)
     {
         uint256 n = holders.length;
         bool[] memory pool = new bool[](n);
         uint256 remaining = 0;
-        uint256 eligible = 0;
         for (uint256 i; i < n; ++i) {
             uint256[] memory bits = holders[i].bits;
             if (bits.length != 0 && bits[bit >> 8] & (1 << (bit & 0xFF)) != 0) {
                 pool[i] = true;
                 remaining += holders[i].weight;
-                ++eligible;
             }
         }
-        if (eligible < perDuty) {
-            emit DutyUncovered(id, duty, eligible);
-            return false;
-        }
-        uint64 assigned = 0;
         for (uint256 j; j < perDuty; ++j) {
             // randomness from the block after the commit, as the hub's committee (documented on the hub)
             // slither-disable-next-line weak-prng
@@ -284,10 +321,21 @@ contract ExpertDuty is EIP712 {
             pool[i] = false;
             remaining -= holders[i].weight;
             assigned |= uint64(1) << uint64(holders[i].slot);
-            emit DutyAssigned(id, duty, holders[i].who);
         }
-        duties[id][duty].assigned = assigned;
-        return true;
+    }
+
+    /// @dev A duty's assigned slots: stored by its first counted verdict, else drawn now (0: not drawable).
+    function _assigned(uint256 id, Opened storage op, uint32 duty, Holder[] memory holders)
+        private
+        view
+        returns (uint64)
+    {
+        uint64 stored = duties[id][duty].assigned;
+        if (stored != 0) return stored;
+        uint256 bit = dutyBit(op.modelId, duty);
+        uint256[] storage bits = drawable[id];
+        if (bits.length == 0 || bits[bit >> 8] & (1 << (bit & 0xFF)) == 0) return 0;
+        return _draw(duty, bit, randomnessOf[id], holders);
     }
 
     /// @dev The validators with weight at the end of `atBlock` and their holdings then, in ascending address order.
@@ -348,10 +396,20 @@ contract ExpertDuty is EIP712 {
         Opened storage op = opened[id];
         if (op.commitBlock == 0) revert NotAssigned(id);
         _requireWindow(op.commitBlock);
+        Holder[] memory holders; // the stake snapshot at the commit, read once per call if a duty is drawn here
+        bool loaded = false;
         for (uint256 v; v < votes.length; ++v) {
             ExpertVote calldata vote = votes[v];
             Duty storage d = duties[id][vote.duty];
-            if (d.assigned == 0) revert DutyNotAssigned(id, vote.duty);
+            if (d.assigned == 0) {
+                if (!loaded) {
+                    holders = _holdersAt(op.modelId, uint256(op.commitBlock) - 1);
+                    loaded = true;
+                }
+                uint64 drawn = _assigned(id, op, vote.duty, holders);
+                if (drawn == 0) revert DutyNotAssigned(id, vote.duty);
+                d.assigned = drawn; // the draw, stored once: later votes and views read it
+            }
             bytes32 digest =
                 verdictDigest(id, vote.duty, op.moeRoot, vote.valid, vote.reason, vote.scoresDigest);
             address signer = ECDSA.recover(digest, vote.signature); // rejects high-s and malformed signatures
@@ -392,9 +450,36 @@ contract ExpertDuty is EIP712 {
         revert NotAssignedTo(duty, signer);
     }
 
-    /// @notice A duty's assigned validators (hub addresses), in slot order.
+    /// @notice The drawable duties of an inference whose draw includes `who` (one call for a validator's duties).
+    function dutiesOf(uint256 id, address who) external view returns (uint32[] memory out) {
+        Opened storage op = opened[id];
+        if (op.commitBlock == 0) return out;
+        Shape memory s = _shape(op.modelId);
+        Holder[] memory holders = _holdersAt(op.modelId, uint256(op.commitBlock) - 1);
+        uint256 slot = type(uint256).max;
+        for (uint256 i; i < holders.length; ++i) {
+            if (holders[i].who == who) slot = holders[i].slot;
+        }
+        if (slot == type(uint256).max) return out; // no weight at the commit: drawn for nothing
+        uint256 nbits = uint256(s.layers) * (uint256(s.experts) + 1) + 1;
+        uint32[] memory all = new uint32[](nbits);
+        uint256 n = 0;
+        for (uint256 k; k < nbits; ++k) {
+            uint32 duty = _dutyOfBit(s, k);
+            if ((_assigned(id, op, duty, holders) >> slot) & 1 != 0) all[n++] = duty;
+        }
+        out = new uint32[](n);
+        for (uint256 i; i < n; ++i) {
+            out[i] = all[i];
+        }
+    }
+
+    /// @notice A duty's assigned validators (hub addresses), in slot order (none: not a drawable duty).
     function assignedTo(uint256 id, uint32 duty) external view returns (address[] memory out) {
+        Opened storage op = opened[id];
+        if (op.commitBlock == 0) return out;
         uint64 assigned = duties[id][duty].assigned;
+        if (assigned == 0) assigned = _assigned(id, op, duty, _holdersAt(op.modelId, uint256(op.commitBlock) - 1));
         out = new address[](_popcount(assigned));
         uint256 j = 0;
         for (uint256 i; assigned >> i != 0; ++i) {

@@ -180,6 +180,49 @@ contract ExpertDutyTest is Fixture {
         assertEq(stakeOf(op), before / 2, "once per inference");
     }
 
+    function test_drawsAreLazyFixedAtTheCommitAndStoredByTheFirstVerdict() public {
+        uint256 id = committedMoe(opening());
+        ed.assignDuties(id, opening());
+        uint32[] memory drawable = ed.drawableDuties(id);
+        assertEq(drawable.length, 6, "the used and covered duties, in holdings-bit order");
+        assertEq(drawable[0], key(0, 0), "expert (0, 0) first; (0, 1) was never routed");
+        assertEq(drawable[5], key(0, 0xFFFE), "the link last");
+        uint32 duty = key(1, 1); // held by vals 0 and 2 at the commit
+        address[] memory before = ed.assignedTo(id, duty);
+        (uint64 stored,,,) = ed.duties(id, duty);
+        assertEq(stored, 0, "nothing stored at the open");
+        // after the open vals[2] drops every holding: the draw still reads the holdings in force at the commit
+        uint32[] memory none = new uint32[](0);
+        vm.prank(vals[2]);
+        ed.declareHoldings(MODEL, false, none);
+        vm.roll(vm.getBlockNumber() + 1);
+        address[] memory later = ed.assignedTo(id, duty);
+        assertEq(later.length, 2, "still two");
+        assertEq(later[0], before[0], "the same draw");
+        assertEq(later[1], before[1], "the same draw");
+        ed.submitExpertVerdicts(id, one(expertVote(keyOf(before[0]), id, duty, true)));
+        (stored,,,) = ed.duties(id, duty);
+        assertTrue(stored != 0, "the first counted verdict stores the draw");
+        for (uint256 v; v < 3; ++v) { // each validator's duties in one call: exactly the draws naming it
+            uint32[] memory mine = ed.dutiesOf(id, vals[v]);
+            uint256 named = 0;
+            for (uint256 k; k < drawable.length; ++k) {
+                address[] memory a = ed.assignedTo(id, drawable[k]);
+                if (a[0] == vals[v] || a[1] == vals[v]) {
+                    assertEq(mine[named++], drawable[k], "in bit order");
+                }
+            }
+            assertEq(mine.length, named, "no other duty");
+        }
+        assertEq(ed.dutiesOf(id, address(0xBEEF)).length, 0, "not a validator at the commit");
+        address[] memory after_ = ed.assignedTo(id, duty);
+        assertEq(after_[0], before[0], "stored as drawn");
+        assertEq(after_[1], before[1], "stored as drawn");
+        ExpertDuty.ExpertVote[] memory unrouted = one(expertVote(VAL_KEYS[0], id, key(0, 1), true));
+        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.DutyNotAssigned.selector, id, key(0, 1)));
+        ed.submitExpertVerdicts(id, unrouted); // never routed: never drawable
+    }
+
     function test_aPassedDutyCostsNothingAndASplitOneStaysOpen() public {
         uint256 id = committedMoe(opening());
         ed.assignDuties(id, opening());

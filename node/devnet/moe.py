@@ -95,6 +95,7 @@ class MoeInferenceRecord:
     slashed_wei: int = 0
     hub_status: str = ""
     assign_gas: int = 0
+    verdict_gas: int = 0  # every submitExpertVerdicts transaction that counted a vote (the lazy draws are paid here)
     seconds: float = 0.0
 
 
@@ -304,8 +305,8 @@ class MoeDevnet:
         opened = ed.opened(iid)
         record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties, opened.uncovered)
         if opened_at is not None:
-            record.assign_gas, block = opened_at
-            drawn = {parse_duty_key(d): addresses for d, addresses in ed.assignments(iid, block).items()}
+            record.assign_gas = opened_at[0]
+            drawn = {parse_duty_key(d): addresses for d, addresses in ed.assignments(iid).items()}
         else:
             drawn = {}
             self.note(f"#{iid}: no validator opened the commitment in time")
@@ -317,6 +318,10 @@ class MoeDevnet:
             time.sleep(0.2)  # each vote mines its own block on anvil; mining more would only run the window out
         signed = [d for svc in self.services for d in svc.done if d[0] == iid]
         record.checks = len(signed)
+        if opened_at is not None:
+            counted = ed.get_events("ExpertVerdictRecorded", opened_at[1], argument_filters={"inferenceId": iid})
+            record.verdict_gas = sum(int(w3.eth.get_transaction_receipt(h)["gasUsed"])
+                                     for h in {e["transactionHash"] for e in counted})
         reasons = {duty: reason for _, duty, reason in signed if reason}  # the reason an invalid vote gave
         record.slashed_wei = before - hub.staker(op.account.address).stake
         for key in drawn:
@@ -329,7 +334,8 @@ class MoeDevnet:
         verdict = "valid" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
         slash = f"; slashed {record.slashed_wei / 1e18:g} ETH and jailed" if record.slashed_wei else ""
         self.note(f"#{iid} {op.name}: {record.tokens} tokens, {record.duties} duties drawn "
-                  f"({record.assign_gas:,} gas), {record.checks} checks: {verdict}{slash}; hub {record.hub_status}")
+                  f"(open {record.assign_gas:,} gas), {record.checks} checks ({record.verdict_gas:,} gas): {verdict}"
+                  f"{slash}; hub {record.hub_status}")
         return record
 
     def wait_opened(self, w3: Any, ed: ExpertDutyClient, iid: int, from_block: int,

@@ -1,7 +1,8 @@
 """The validator daemon's MoE duty service: judge the duties the ExpertDuty module draws for this validator.
 
-  events   confirmed ExpertDuty logs (chain.events): a `DutyAssigned` naming this validator is a durable job
-           (store record "moe-job") before the cursor moves past it
+  events   confirmed ExpertDuty logs (chain.events): an opened inference (`DutiesAssigned`) is a durable learn
+           job ("moe-learn"); its duties drawn for this validator (the lazy draws, one `dutiesOf` view) become
+           durable duty jobs ("moe-job")
   judge    still open and still ours on chain? → fetch the duty's slice from the operator (node.moe.wire; HTTP,
            retried) → rebuilt into the module's moeRoot → the duty's check on the weights this validator holds
            (node.moe.config.DutyValidator, in a worker thread) → a reason code
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
 JOB, DONE = "moe-job", "moe-done"
 OPEN = "moe-open"  # a committed inference of the model this validator may open on the module
+LEARN = "moe-learn"  # an opened inference whose draws this validator has not read yet
+OPEN_DONE, LEARN_DONE = "moe-open-done", "moe-learn-done"
 # reverts after which no retry can succeed: the job ends (the duty is past its window or not ours to judge)
 FINAL_REVERTS = frozenset({"CheckWindowOver", "NotAssignedTo", "DutyNotAssigned", "NotChecked"})
 FINAL_OPEN_REVERTS = frozenset({"AlreadyAssigned", "CheckWindowOver", "NotChecked", "CommitmentMismatch",
@@ -111,6 +114,7 @@ class MoeDutyService:
         self.commits = EventStream(hub.w3, hub.contract, store.cursor("moe-commits"), start_block=config.start_block,
                                    confirmations=confirmations)
         self.opens: asyncio.Queue[int] = asyncio.Queue()
+        self.learns: asyncio.Queue[int] = asyncio.Queue()
         self.opened_by_us: list[int] = []  # inference ids this validator opened: for tests and logs
         self._attempts: dict[int, int] = {}
         self._check_window: int | None = None
@@ -140,10 +144,13 @@ class MoeDutyService:
             self.queue.put_nowait(DutyJob(int(value["inference_id"]), int(value["duty"])))
         for _, value in self.store.records(OPEN):
             self.opens.put_nowait(int(value["inference_id"]))
+        for _, value in self.store.records(LEARN):
+            self.learns.put_nowait(int(value["inference_id"]))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.fetch_timeout)) as session:
             tasks = [asyncio.create_task(self.stream.run(self._on_events, self.poll_interval, stop=stop),
                                          name="moe-events"),
-                     asyncio.create_task(self._judge_loop(session, stop), name="moe-judge")]
+                     asyncio.create_task(self._judge_loop(session, stop), name="moe-judge"),
+                     asyncio.create_task(self._learn_loop(stop), name="moe-learn")]
             if self.model_id is not None:
                 tasks += [asyncio.create_task(self.commits.run(self._on_commits, self.poll_interval, stop=stop),
                                               name="moe-commits"),
@@ -156,17 +163,41 @@ class MoeDutyService:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _on_events(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
-        """Record a job for every duty drawn for this validator (synced before the cursor moves on)."""
+        """Record a learn job for every opened inference (synced before the cursor moves on)."""
         if reorg is not None:  # a job of a dropped block is looked at again; the chain says whether it stands
             log.warning("reorg under the MoE duties", extra={"ancestor": reorg.ancestor, "depth": reorg.depth})
         for event in events:
-            if event.name != "DutyAssigned" or Web3.to_checksum_address(event.args["validator"]) != \
-                    self.account.address:
+            if event.name != "DutiesAssigned":
                 continue
-            job = DutyJob(int(event.args["inferenceId"]), int(event.args["duty"]))
-            if self.store.get_record(JOB, job.key) is None and self.store.get_record(DONE, job.key) is None:
-                self.store.put_record(JOB, job.key, asdict(job))
-                self.queue.put_nowait(job)
+            iid = int(event.args["inferenceId"])
+            key = _learn_key(iid)
+            if self.store.get_record(LEARN, key) is None and self.store.get_record(LEARN_DONE, key) is None:
+                self.store.put_record(LEARN, key, {"inference_id": iid})
+                self.learns.put_nowait(iid)
+
+    async def _learn_loop(self, stop: asyncio.Event) -> None:
+        """Turn each opened inference into this validator's duty jobs (its lazy draws, read in one view call)."""
+        attempts: dict[int, int] = {}
+        while not stop.is_set():
+            iid = await self.learns.get()
+            try:
+                mine = await asyncio.to_thread(self.module.duties_of, iid, self.account.address)
+            except TRANSIENT as exc:
+                n = attempts[iid] = attempts.get(iid, 0) + 1
+                self.errors.labels(f"learn:{type(exc).__name__}").inc()
+                if n < self.config.attempts:
+                    asyncio.get_running_loop().call_later(min(0.5 * 2**n, 30.0), self.learns.put_nowait, iid)
+                    continue
+                log.warning("MoE draws of %d not read: %s", iid, exc)
+                mine = []
+            attempts.pop(iid, None)
+            for duty in mine:
+                job = DutyJob(iid, duty)
+                if self.store.get_record(JOB, job.key) is None and self.store.get_record(DONE, job.key) is None:
+                    self.store.put_record(JOB, job.key, asdict(job))
+                    self.queue.put_nowait(job)
+            self.store.put_record(LEARN_DONE, _learn_key(iid), {"duties": len(mine), "at": int(time.time())})
+            self.store.delete_record(LEARN, _learn_key(iid))
 
     async def _on_commits(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
         """Record an open job for every committed inference (its model is checked when the job runs)."""
@@ -175,7 +206,7 @@ class MoeDutyService:
                 continue
             iid = int(event.args["inferenceId"])
             key = _open_key(iid)
-            if self.store.get_record(OPEN, key) is None and self.store.get_record(DONE, key) is None:
+            if self.store.get_record(OPEN, key) is None and self.store.get_record(OPEN_DONE, key) is None:
                 self.store.put_record(OPEN, key, {"inference_id": iid})
                 self.opens.put_nowait(iid)
 
@@ -198,7 +229,7 @@ class MoeDutyService:
                     continue
                 why = exc.error if isinstance(exc, ContractReverted) and final else "given up"
             attempts.pop(iid, None)
-            self.store.put_record(DONE, _open_key(iid), {"why": why, "at": int(time.time())})
+            self.store.put_record(OPEN_DONE, _open_key(iid), {"why": why, "at": int(time.time())})
             self.store.delete_record(OPEN, _open_key(iid))
             log.info("MoE open job ended: %s", why, extra={"inference_id": iid})
 
@@ -379,6 +410,11 @@ class MoeDutyService:
         self.store.put_record(DONE, job.key, {"why": why, "at": int(time.time())})
         self.store.delete_record(JOB, job.key)
         self._attempts.pop(job.key, None)
+
+
+def _learn_key(inference_id: int) -> int:
+    """Return a learn job's store key (apart from every other job's)."""
+    return int.from_bytes(keccak256(b"learn" + inference_id.to_bytes(32, "big")), "big")
 
 
 def _open_key(inference_id: int) -> int:

@@ -115,7 +115,7 @@ def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None, assign
     receipt = ed.assign_duties(net.requester, iid, MoeOpening(output_hash, artifact.root, DENSE_FP, router_root,
                                                               tuple(counts), tuple(roots)))
     return Opened(iid, ed, ServedMoe(moe, trace, PROMPT, OUTPUT, artifact.root, DENSE_FP),
-                  ed.assignments(iid, int(receipt["blockNumber"])))
+                  ed.assignments(iid))
 
 
 def _services(net: Net, opened: Opened, folder: Path, model: Any, url: str, tmp: Path,
@@ -246,9 +246,9 @@ def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent(net: Net,
     key = _open_key(opened.iid)
     try:
         asyncio.run(_run(net, services, forged, len(services), port,
-                         count=lambda: sum(s.store.get_record("moe-done", key) is not None for s in services)))
+                         count=lambda: sum(s.store.get_record("moe-open-done", key) is not None for s in services)))
         assert opened.ed.opened(opened.iid).commit_block == 0
-        assert all(s.store.get_record("moe-done", key)["why"] == "given up" for s in services)
+        assert all(s.store.get_record("moe-open-done", key)["why"] == "given up" for s in services)
         assert not any("assign duties" in str(e.get("purpose")) for s in services for e in s.store.journal_entries())
     finally:
         _close(services)
