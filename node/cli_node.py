@@ -136,7 +136,8 @@ def build_moe_service(cfg: ValidatorConfig, account: LocalAccount, hub: Hub, sto
     return MoeDutyService(cfg.moe, account, hub, ExpertDutyClient(hub.w3, cfg.moe.module), store, checker, shape,
                           cfg.executers, node.txm, confirmations=cfg.confirmations, poll_interval=cfg.poll_interval,
                           fetch_timeout=cfg.fetch_timeout, registry=node.metrics.registry,
-                          recent_blocks_guard=cfg.recent_blocks_guard, model_id=files.model_id)
+                          recent_blocks_guard=cfg.recent_blocks_guard, model_id=files.model_id,
+                          verdict_ttl=cfg.verdict_ttl)
 
 
 def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_file: Path | None, host: str,

@@ -2,18 +2,20 @@
 
 anvil, the hub and the ExpertDuty module (contracts/src/ExpertDuty.sol); validators that each hold expert
 columns (expert e of every layer: with 4 experts and V validators, validator i holds columns i and i + 1 mod 4),
-every router, and — every other validator — the shared layers for the link duty; two operators, one honest and
-one that runs one expert quantised to int8. Per request the operator generates, records its MoE trace, binds
-moeRoot into the hub's fingerprint hash and commits; anyone opens the commitment on the module, which draws two
-holders per duty, stake-weighted; each drawn validator checks its duties (node.moe.config.DutyValidator) and
-signs an expert verdict. A failed duty slashes and jails the operator through the hub. The hub committee then
-votes the inference valid only if every duty passed, which pays the honest operator.
+every router, and — every other validator — the shared layers for the link duty; two operators running the real
+executer (node.executer with its MoE recorder), one honest and one that runs one expert quantised to int8. Per
+request the operator generates, records its MoE trace, binds moeRoot into the hub's fingerprint hash and
+commits; the hub committee's validators open the commitment on the module from the operator's opening, which
+fixes the lazy, stake-weighted draws of two holders per duty; each drawn validator checks its duties
+(node.moe.config.DutyValidator) and signs an expert verdict. A failed duty slashes and jails the operator
+through the hub. The hub committee's members then vote the inference valid only if every duty passed, which
+pays the honest operator.
 
 Each validator runs the daemon's MoE duty service (node.validator.moe.MoeDutyService: its own LevelDB store,
-slashing protection and journaled transactions) and fetches each duty's slice from its operator over HTTP on
-loopback (node.moe.serve). Simplifications, said so in docs/moe.md: one process (the services share one asyncio
-loop in a thread, and validators holding the same tensor share one read-only copy), and the hub's verdict is
-the duties' outcome (no dense stage-2 profile exists for the MoE model yet).
+slashing protection and journaled transactions: it opens, judges and votes) and fetches each duty's slice from
+its operator's executer API over HTTP on loopback. Simplifications, said so in docs/moe.md: one process (the
+services share one asyncio loop in a thread, and validators holding the same tensor share one read-only copy),
+and the hub's verdict is the duties' outcome (no dense stage-2 profile exists for the MoE model yet).
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from chain.contracts import Commitment, Hub, HubConfig, ModelState, Params, Role, Vote
+from chain.contracts import Commitment, Hub, HubConfig, ModelState, Params, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
-from chain.eip712 import Verdict, sign_verdict
 from chain.moe import DutyResult, ExpertDutyClient, deploy_expert_duty
 from chain.txmanager import TxManager
 from node.protocol.hashing import keccak256
@@ -329,7 +330,7 @@ class MoeDevnet:
             if result is DutyResult.FAILED:
                 record.failed[str(key)] = reasons.get(str(key), int(MoeReason.MOE_MALFORMED))
             record.undecided += result is DutyResult.OPEN
-        self.settle_on_hub(hub, iid, served, record)
+        self.wait_hub_settled(hub, iid, record, time.monotonic() + self.options.judge_timeout)
         record.seconds = round(time.monotonic() - started, 2)
         verdict = "valid" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
         slash = f"; slashed {record.slashed_wei / 1e18:g} ETH and jailed" if record.slashed_wei else ""
@@ -349,22 +350,14 @@ class MoeDevnet:
             time.sleep(0.2)
         return None
 
-    def settle_on_hub(self, hub: Hub, iid: int, served: Served, record: MoeInferenceRecord) -> None:
-        """Have a quorum of the hub committee vote the duties' outcome; record the hub status."""
-        checked, committee = hub.selection_of(iid)
-        # a duty nobody could judge, or whose holders split, is no evidence either way: no vote, and the inference
-        # settles unchecked when the window ends (never invalid for the validators' coverage gap)
-        if checked and (record.failed or (record.uncovered == 0 and record.undecided == 0)):
-            by_address = {a.address: a for a in self.validator_keys}
-            valid = not record.failed
-            reason = 0 if valid else next(iter(record.failed.values()))
-            votes = []
-            for address in committee[: len(committee) // 2 + 1]:
-                verdict = Verdict(iid, served.commitment.artifact_root, valid, reason, keccak256(b"moe-duties"),
-                                  int(time.time()) + 3600)
-                signature = sign_verdict(by_address[address], verdict, hub.chain_id(), hub.address)
-                votes.append(Vote(valid, reason, verdict.scores_digest, verdict.deadline, signature))
-            hub.submit_verdicts(by_address[committee[0]], iid, served.commitment, votes)
+    def wait_hub_settled(self, hub: Hub, iid: int, record: MoeInferenceRecord, deadline: float) -> None:
+        """Wait for the hub committee's duty services to vote the inference (none votes while a duty is uncovered
+        or undecided: it then settles unchecked when the window ends); record the hub status."""
+        from chain.contracts import Status
+
+        voting = record.failed or (record.uncovered == 0 and record.undecided == 0)
+        while voting and time.monotonic() < deadline and hub.get_inference(iid).status is Status.COMMITTED:
+            time.sleep(0.2)
         record.hub_status = hub.get_inference(iid).status.name.lower()
 
     def judge(self, hub: Hub, operators: list[MoeOperator]) -> list[str]:

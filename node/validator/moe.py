@@ -14,6 +14,12 @@
            rebuilt locally into the hub's commitment → `assignDuties` (journaled); another member's earlier open
            (AlreadyAssigned) ends the job. Never sent for an opening that does not rebuild the commitment.
 
+  vote     (committee members, as the open) once every drawable duty has settled, this validator's hub verdict on
+           the inference: valid if all passed, invalid with the failed duty's reason, none while a duty is
+           uncovered (the inference then settles unchecked); an opening the operator never served is voted
+           invalid DUTY_DATA_UNAVAILABLE. Recorded in the node's slashing-protection store (one hub verdict per
+           inference, shared with the dense daemon), then signed and submitted (`submitVerdicts`).
+
 An operator that does not serve a duty's slice within the retries is judged DUTY_DATA_UNAVAILABLE, as a dense
 payload that never arrives is judged unavailable: withholding is not a way out of a check. A slice that does not
 rebuild into the committed root counts as not served. Whatever goes wrong in one job (the operator's bytes, the
@@ -35,7 +41,8 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError as PydanticValidationError
 from web3 import Web3
 
-from chain.contracts import Hub
+from chain.contracts import Commitment, Hub, Status, Vote
+from chain.eip712 import Verdict, sign_verdict
 from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, EventStream, Reorg
 from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
@@ -55,7 +62,7 @@ from node.protocol.moe import (
     compute_opened_moe_root,
     parse_duty_key,
 )
-from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store
+from node.store.leveldb import ConflictingVerdict, ExpertVerdictRecord, Store, VerdictRecord
 from node.validator.config import MoeServiceConfig
 from node.validator.httpread import read_capped
 from node.validator.tasks import wait_stop_or_failure
@@ -66,6 +73,8 @@ JOB, DONE = "moe-job", "moe-done"
 OPEN = "moe-open"  # a committed inference of the model this validator may open on the module
 LEARN = "moe-learn"  # an opened inference whose draws this validator has not read yet
 OPEN_DONE, LEARN_DONE = "moe-open-done", "moe-learn-done"
+VOTE, VOTE_DONE = "moe-vote", "moe-vote-done"  # an inference this committee member votes on at the hub
+NO_URL = "no executer URL"  # our configuration's gap: never evidence against the operator
 # reverts after which no retry can succeed: the job ends (the duty is past its window or not ours to judge)
 FINAL_REVERTS = frozenset({"CheckWindowOver", "NotAssignedTo", "DutyNotAssigned", "NotChecked"})
 FINAL_OPEN_REVERTS = frozenset({"AlreadyAssigned", "CheckWindowOver", "NotChecked", "CommitmentMismatch",
@@ -92,11 +101,12 @@ class MoeDutyService:
                  store: Store, checker: DutyValidator, shape: MoeShape, executers: dict[str, str], txm: TxManager,
                  confirmations: int = 2, poll_interval: float = 1.0, fetch_timeout: float = 10.0,
                  registry: CollectorRegistry | None = None, recent_blocks_guard: int = 64,
-                 model_id: bytes | None = None) -> None:
+                 model_id: bytes | None = None, verdict_ttl: int = 3600) -> None:
         """`model_id`: the MoE model's hub id, whose committed inferences this validator opens when it sits on their
         hub committee (None: it never opens; someone else must)."""
         self.config = config
         self.model_id = model_id
+        self.verdict_ttl = verdict_ttl
         self.account = account
         self.hub = hub
         self.module = module
@@ -115,6 +125,8 @@ class MoeDutyService:
                                    confirmations=confirmations)
         self.opens: asyncio.Queue[int] = asyncio.Queue()
         self.learns: asyncio.Queue[int] = asyncio.Queue()
+        self.votes: asyncio.Queue[int] = asyncio.Queue()
+        self.hub_votes: list[tuple[int, bool, int]] = []  # (inference id, valid, reason) voted at the hub
         self.opened_by_us: list[int] = []  # inference ids this validator opened: for tests and logs
         self._attempts: dict[int, int] = {}
         self._check_window: int | None = None
@@ -146,6 +158,8 @@ class MoeDutyService:
             self.opens.put_nowait(int(value["inference_id"]))
         for _, value in self.store.records(LEARN):
             self.learns.put_nowait(int(value["inference_id"]))
+        for _, value in self.store.records(VOTE):
+            self.votes.put_nowait(int(value["inference_id"]))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.fetch_timeout)) as session:
             tasks = [asyncio.create_task(self.stream.run(self._on_events, self.poll_interval, stop=stop),
                                          name="moe-events"),
@@ -154,7 +168,8 @@ class MoeDutyService:
             if self.model_id is not None:
                 tasks += [asyncio.create_task(self.commits.run(self._on_commits, self.poll_interval, stop=stop),
                                               name="moe-commits"),
-                          asyncio.create_task(self._open_loop(session, stop), name="moe-open")]
+                          asyncio.create_task(self._open_loop(session, stop), name="moe-open"),
+                          asyncio.create_task(self._vote_loop(stop), name="moe-vote")]
             try:
                 await wait_stop_or_failure(tasks, stop)
             finally:
@@ -207,7 +222,10 @@ class MoeDutyService:
             iid = int(event.args["inferenceId"])
             key = _open_key(iid)
             if self.store.get_record(OPEN, key) is None and self.store.get_record(OPEN_DONE, key) is None:
-                self.store.put_record(OPEN, key, {"inference_id": iid})
+                self.store.put_record(OPEN, key, {
+                    "inference_id": iid, "output_hash": Web3.to_hex(event.args["outputHash"]),
+                    "artifact_root": Web3.to_hex(event.args["artifactRoot"]),
+                    "fingerprint_hash": Web3.to_hex(event.args["fingerprintHash"])})
                 self.opens.put_nowait(iid)
 
     # ---- opening ----------------------------------------------------------------------------------
@@ -238,8 +256,6 @@ class MoeDutyService:
         inf = await asyncio.to_thread(self.hub.get_inference, iid)
         if inf.model_id != self.model_id:
             return "another model"
-        if (await asyncio.to_thread(self.module.opened, iid)).commit_block != 0:
-            return "opened"
         if await asyncio.to_thread(self._is_past_window, inf.commit_block):
             return "CheckWindowOver"
         if int(await asyncio.to_thread(lambda: self.hub.w3.eth.block_number)) <= inf.commit_block + 1:
@@ -247,12 +263,18 @@ class MoeDutyService:
         checked, committee = await asyncio.to_thread(self.hub.selection_of, iid)
         if not checked:
             return "not checked"
-        if self.account.address not in committee:  # its committee opens: a bounded set of senders races
+        if self.account.address not in committee:  # its committee opens and votes: a bounded set of senders
             return "not on its committee"
+        job = self.store.get_record(OPEN, _open_key(iid))
+        if job is not None and self.store.get_record(VOTE, _open_key(iid)) is None and \
+                self.store.get_record(VOTE_DONE, _open_key(iid)) is None:
+            self.store.put_record(VOTE, _open_key(iid), job)  # the hub verdict follows the duties (vote loop)
+            self.votes.put_nowait(iid)
+        if (await asyncio.to_thread(self.module.opened, iid)).commit_block != 0:
+            return "opened"
         url = self.executers.get(Web3.to_checksum_address(inf.operator))
-        if url is None:
-            raise RecoverableError(f"no executer URL configured for operator {inf.operator}",
-                                   Reason.CHAIN_UNAVAILABLE)
+        if url is None:  # our configuration's gap: we neither open nor vote the operator's data unavailable
+            return NO_URL
         async with session.get(f"{url}/v1/moe/{iid}") as response:
             if response.status != 200:
                 raise ValueError(f"opening of {iid}: http {response.status}")
@@ -272,6 +294,78 @@ class MoeDutyService:
         self.opened_by_us.append(iid)
         log.info("MoE inference opened on the module", extra={"inference_id": iid})
         return "opened by us"
+
+    # ---- the hub verdict ---------------------------------------------------------------------------
+
+    async def _vote_loop(self, stop: asyncio.Event) -> None:
+        """Vote at the hub on queued inferences once their duties settle; a pending one is looked at again."""
+        while not stop.is_set():
+            iid = await self.votes.get()
+            try:
+                why = await asyncio.to_thread(self.vote_one, iid)
+            except (ConflictingVerdict, FatalError):
+                raise
+            except ContractReverted as exc:  # the hub refused it (settled, window over, voted): nothing to retry
+                why = exc.error
+            except (*TRANSIENT, InvalidInput, ValueError) as exc:
+                self.errors.labels(f"vote:{type(exc).__name__}").inc()
+                log.info("MoE hub vote postponed: %s", exc, extra={"inference_id": iid})
+                why = None
+            if why is None:  # duties still open: look again soon
+                asyncio.get_running_loop().call_later(max(5 * self.poll_interval, 0.5), self.votes.put_nowait, iid)
+                continue
+            self.store.put_record(VOTE_DONE, _open_key(iid), {"why": why, "at": int(time.time())})
+            self.store.delete_record(VOTE, _open_key(iid))
+            log.info("MoE hub vote job ended: %s", why, extra={"inference_id": iid})
+
+    def vote_one(self, iid: int) -> str | None:
+        """Vote at the hub on one inference if its duties decided it; return why the job ends (None: not yet)."""
+        inf = self.hub.get_inference(iid)
+        if inf.status is not Status.COMMITTED:
+            return "settled"
+        if self._is_past_window(inf.commit_block):
+            return "CheckWindowOver"
+        if self.hub.has_voted(iid, self.account.address):
+            return "voted"
+        opened = self.module.opened(iid)
+        if opened.commit_block == 0:
+            ended = self.store.get_record(OPEN_DONE, _open_key(iid))
+            if ended is None or ended["why"] != "given up":
+                return None if ended is None or ended["why"] in ("opened", "opened by us") else f"unopened: {ended}"
+            valid, reason = False, int(MoeReason.DUTY_DATA_UNAVAILABLE)  # the operator never served its opening
+        else:
+            results = {d: self.module.duty_result(iid, d) for d in self.module.drawable_duties(iid)}
+            failed = [d for d, r in results.items() if r is DutyResult.FAILED]
+            if failed:
+                settled = self.module.get_events("DutySettled", opened.commit_block,
+                                                 argument_filters={"inferenceId": iid})
+                reasons = {int(e["args"]["duty"]): int(e["args"]["reason"]) for e in settled}
+                valid, reason = False, reasons.get(failed[0], int(MoeReason.MOE_MALFORMED))
+            elif opened.uncovered:
+                return "uncovered"  # no evidence either way: no vote, the inference settles unchecked
+            elif any(r is DutyResult.OPEN for r in results.values()):
+                return None
+            else:
+                valid, reason = True, 0
+        job = self.store.get_record(VOTE, _open_key(iid))
+        if job is None:
+            return "no job"
+        commitment = Commitment(*(bytes.fromhex(job[k][2:]) for k in ("output_hash", "artifact_root",
+                                                                      "fingerprint_hash")))
+        scores = keccak256(json.dumps({"moe": iid, "valid": valid, "reason": reason}).encode())
+        stored = self.store.record_verdict(VerdictRecord(iid, job["artifact_root"], valid, reason, Web3.to_hex(scores),
+                                                         int(time.time()) + self.verdict_ttl))  # synced before signing
+        verdict = Verdict(iid, bytes.fromhex(stored.artifact_root[2:]), stored.valid, stored.reason,
+                          bytes.fromhex(stored.scores_digest[2:]), stored.deadline)
+        signature = sign_verdict(self.account, verdict, self.hub.chain_id(), self.hub.address)
+        vote = Vote(verdict.valid, verdict.reason, verdict.scores_digest, verdict.deadline, signature)
+        fn = self.hub.contract.functions.submitVerdicts(iid, commitment.as_tuple(), [vote.as_tuple()])
+        entry = self.txm.send(fn, purpose=f"verdicts {iid}")
+        self.txm.confirm(entry["nonce"])
+        self.hub_votes.append((iid, stored.valid, stored.reason))
+        log.info("MoE hub verdict submitted", extra={"inference_id": iid, "valid": stored.valid,
+                                                      "reason": stored.reason})
+        return "voted"
 
     # ---- judging ----------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from transformers import AutoModelForCausalLM
 
-from chain.contracts import Commitment, Hub, Params
+from chain.contracts import Commitment, Hub, Params, Status
 from chain.devnet import Anvil, dev_account
 from chain.moe import DutyResult, ExpertDutyClient, deploy_expert_duty
 from chain.txmanager import TxManager
@@ -112,8 +112,8 @@ def _open_inference(net: Net, model: Any, cheat: ExpertKey | None = None, assign
     if not assign:  # left to the validators' services to open
         return Opened(iid, ed, served, {})
     router_root, counts, roots = moe.opening()
-    receipt = ed.assign_duties(net.requester, iid, MoeOpening(output_hash, artifact.root, DENSE_FP, router_root,
-                                                              tuple(counts), tuple(roots)))
+    ed.assign_duties(net.requester, iid, MoeOpening(output_hash, artifact.root, DENSE_FP, router_root,
+                                                    tuple(counts), tuple(roots)))
     return Opened(iid, ed, ServedMoe(moe, trace, PROMPT, OUTPUT, artifact.root, DENSE_FP),
                   ed.assignments(iid))
 
@@ -222,8 +222,12 @@ def test_the_committee_opens_a_committed_inference_from_the_operators_opening_th
     c = opened.served.commitment
     duties = sum(1 for k in c.expert_keys() if c.leaves_of(k)) + c.num_layers + 1
     try:
-        asyncio.run(_run(net, services, _serve(opened), 2 * duties, port))
+        asyncio.run(_run(net, services, _serve(opened), 2 * duties + 2, port,
+                         count=lambda: sum(len(s.done) + len(s.hub_votes) for s in services)))
         assert opened.ed.opened(opened.iid).moe_root == c.root()
+        assert net.hub.get_inference(opened.iid).status is Status.VALID  # the committee's own votes settled it
+        assert all(valid and reason == 0 for s in services for _, valid, reason in s.hub_votes)
+        assert all(s.store.get_verdict(opened.iid) is not None for s in services if s.hub_votes)  # recorded
         assert sum(s.opened_by_us.count(opened.iid) for s in services) == 1  # the others saw it opened or lost
         assert any(f"assign duties {opened.iid}" == e.get("purpose") for s in services
                    for e in s.store.journal_entries())  # journaled as any transaction of the daemon
@@ -233,8 +237,8 @@ def test_the_committee_opens_a_committed_inference_from_the_operators_opening_th
         _close(services)
 
 
-def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent(net: Net, tiny: tuple[Path, Any],
-                                                                        tmp_path: Path) -> None:
+def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent_and_is_voted_unavailable(
+        net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
     import dataclasses
 
     folder, model = tiny
@@ -245,11 +249,14 @@ def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent(net: Net,
     forged.put(opened.iid, dataclasses.replace(opened.served, fingerprint_hash=keccak256(b"another")))
     key = _open_key(opened.iid)
     try:
-        asyncio.run(_run(net, services, forged, len(services), port,
-                         count=lambda: sum(s.store.get_record("moe-open-done", key) is not None for s in services)))
+        asyncio.run(_run(net, services, forged, 2, port, count=lambda: sum(len(s.hub_votes) for s in services)))
         assert opened.ed.opened(opened.iid).commit_block == 0
         assert all(s.store.get_record("moe-open-done", key)["why"] == "given up" for s in services)
         assert not any("assign duties" in str(e.get("purpose")) for s in services for e in s.store.journal_entries())
+        # an opening that never opens the commitment is the operator's withheld data: the committee votes it so
+        assert {(valid, reason) for s in services for _, valid, reason in s.hub_votes} == \
+            {(False, int(MoeReason.DUTY_DATA_UNAVAILABLE))}
+        assert net.hub.get_inference(opened.iid).status is Status.INVALID  # the requester refunded, the posterior up
     finally:
         _close(services)
 
