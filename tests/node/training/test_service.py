@@ -4,14 +4,18 @@ request the chain refuses stays off-chain."""
 
 import json
 import secrets
+import threading
 import time
+from dataclasses import dataclass
 
+from chain.devnet import find_free_port
 from chain.txmanager import MemoryJournal, TxManager
 from node.protocol.hashing import keccak256
 from node.protocol.ledger import TrainingReason
 from node.training.auditor import load_tolerance
 from node.training.corpus import load_corpus
-from node.training.job import get_request_dir
+from node.training.job import JobPlan, get_request_dir, get_response_dir, run_job
+from node.training.onchain import ChainAudits, get_training_contract
 from node.training.scheduler import CancellableWorker
 from node.training.service import AuditorService, WatchedRun
 from node.training.spec import RunSpec
@@ -99,3 +103,65 @@ def test_a_request_the_chain_refuses_is_logged_and_stays_off_chain(net, tmp_path
     assert "submitted" not in late[5] and late[5]["offchain"], "an off-chain verdict is journaled only"
     assert late[0]["submitted"] == "counted" and late[0]["requested"]
     assert not training.get_run(run_id).slashed, "one validator's LATE votes settle nothing"
+
+
+@dataclass(frozen=True)
+class RequestingAudits:
+    """The prover's ChainAudits, with a validator requesting the audit of `step` as soon as window 0's draw is
+    ready (what an auditor whose trajectory check raised the rate does; here without the race against the job)."""
+
+    inner: ChainAudits
+    validator_key: bytes
+    step: int
+
+    def get_beacon(self, index: int) -> bytes:
+        """Return the chain's beacon of a window."""
+        return self.inner.get_beacon(index)
+
+    def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
+        """Anchor on chain; after window 0, request the step's audit."""
+        from eth_account import Account
+
+        steps = self.inner.on_anchor(first_step, last_step, head)
+        if first_step == 0:
+            contract = get_training_contract(self.inner.rpc_url, self.inner.contract)
+            contract.request_audit(Account.from_key(self.validator_key), self.inner.run_id, 0, self.step)
+        return steps
+
+
+def test_the_prover_serves_a_requested_step_and_its_valid_verdict_settles_on_chain(net, tmp_path):
+    node, w3, training, validators, prover, _ = net
+    spec = RunSpec(steps=10, anchor_every=5, keep_checkpoints=10, lsh_nonce=secrets.token_hex(32))
+    corpus = load_corpus(spec.corpus_files, spec.seq_len)
+    run_id, out = spec.spec_hash(), tmp_path / "prover"
+    training.register_run(prover, run_id, bytes.fromhex(spec.lsh_nonce), corpus.data_root, spec.procedure_hash(), 0,
+                          QUIET, spec.anchor_every, 10**18)
+    audits = RequestingAudits(ChainAudits(rpc_url=node.url, contract=training.address, prover_key=bytes(prover.key),
+                                          run_id=run_id, final_step=spec.steps, anchor_every=spec.anchor_every,
+                                          draw_timeout_s=30.0), bytes(validators[0].key), 2)
+    stop = threading.Event()
+    miner = threading.Thread(target=lambda: [mine(w3, 1) for _ in iter(lambda: stop.wait(0.5), True)])
+    miner.start()  # the prover waits for blocks (beacons, draws): a block every 0.5 s
+    try:
+        run_job(JobPlan(spec=spec, out_dir=out, prover_key=bytes(prover.key), audits=audits, port=find_free_port()))
+    finally:
+        stop.set()
+        miner.join()
+    assert (get_response_dir(out, 2) / "state_prev.npy").exists(), "served at the next anchor"
+    assert [json.loads(line)["step"] for line in (out / "announced.jsonl").read_text().splitlines()] == [2]
+    records = []
+    for validator in validators[1:]:  # neither requested it: both learn it from the events
+        service = make_service(training, validator, tmp_path, validator.address[:8], None, records)
+        run = WatchedRun(out_dir=out, prover=prover.address, spec=spec)
+        deadline = time.monotonic() + 120
+        try:
+            while not run.closed and time.monotonic() < deadline:
+                service.process_run(run)
+                service.dispatch([run])
+                service.collect_result([run], timeout_s=0.3)
+        finally:
+            service.worker.close()
+        assert run.closed
+    assert [(r["step"], r["valid"], r["requested"], r["submitted"]) for r in records] == [
+        (2, True, True, "counted"), (2, True, True, "settled")], records
+    assert training.audit_result(run_id, 2) == 1 and not training.get_run(run_id).slashed
