@@ -74,6 +74,9 @@ from node.training.trajectory import (
 
 log = logging.getLogger(__name__)
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+# a requested step not served when its verdict window has this many blocks left is voted LATE (its prover never
+# anchored the next window): later, the votes might not be mined inside the window and the prover would escape
+REQUEST_GUARD_BLOCKS = 5
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ class WatchedRun:
     requested: set[int] = field(default_factory=set)  # requested on chain (by any validator), not yet voted on
     requests_known: set[int] = field(default_factory=set)  # every step ever learnt as requested on chain
     requests_from: int = 0  # the block this auditor reads AuditRequested events from
+    obliged: set[int] = field(default_factory=set)  # requested steps the prover must have served (next anchor read)
+    vote_by: dict[int, int] = field(default_factory=dict)  # requested step → the last block its votes settle in
     multiplier: float = 1.0
     closed: bool = False
 
@@ -219,6 +224,9 @@ class AuditorService:
         run.beacons.append(beacon)
         steps = get_audited_steps(self.contract, run.run_id, index)
         now = time.time()
+        for t in run.requested:  # the previous window's requests: the prover serves them now, as this draw's
+            if run.index_of[t] == index - 1:
+                self.on_obliged(run, t, now)
         for t in steps:
             run.index_of[t], run.drawn_at[t] = index, now
         for t in run.schedule.on_draw(last_step, steps):
@@ -227,7 +235,8 @@ class AuditorService:
 
     def process_trajectory(self, run: WatchedRun, index: int, window: range, head: bytes, drawn: list[int],
                            newest: bool = False) -> None:
-        """Score the published ledger up to the anchor; when the rate is raised, request extra steps off-chain."""
+        """Score the published ledger up to the anchor; when the rate is raised, request extra steps — on chain
+        while this is the run's newest anchor, else (or when the chain refuses) off-chain."""
         if self.trajectory is None:
             return
         try:
@@ -303,6 +312,16 @@ class AuditorService:
         run.offchain.discard(step)  # another validator's request made it an on-chain audit
         run.index_of[step] = index
         run.drawn_at[step] = time.time()
+        run.vote_by[step] = self.contract.verdict_deadline(run.run_id, index, step)
+        if run.anchors_read > index + 1:  # the next window is anchored already: the prover serves it now
+            self.on_obliged(run, step, time.time())
+
+    @staticmethod
+    def on_obliged(run: WatchedRun, step: int, now: float) -> None:
+        """Start a requested step's response deadline: the prover serves a window's requests once it anchored the
+        next window and its draw is ready (ChainAudits.on_anchor) — when this auditor reads that anchor."""
+        run.obliged.add(step)
+        run.drawn_at[step] = max(run.drawn_at[step], now)
 
     def request_offchain(self, run: WatchedRun, step: int) -> None:
         """Ask the prover for an extra audit response of a step the chain did not draw."""
@@ -343,15 +362,21 @@ class AuditorService:
                     log.warning("response of step %d not kept: %s", t, e)
                     continue
                 run.responses[t] = SeenResponse(folder, arrived)
-            elif time.time() > run.drawn_at[t] + run.spec.response_deadline_s * (2 if self.is_extra(run, t) else 1):
+            elif self.is_late(run, t):
                 self.on_verdict(run, t, AuditVerdict(t, False, TrainingReason.LATE_RESPONSE,
                                                      "no response before the deadline"))
 
-    @staticmethod
-    def is_extra(run: WatchedRun, step: int) -> bool:
-        """Check whether a step is an extra audit (requested, not drawn): the prover serves it only at its next
-        anchor, after training a window, so its response deadline is doubled."""
-        return step in run.requested or step in run.offchain
+    def is_late(self, run: WatchedRun, step: int) -> bool:
+        """Check whether an unserved step is past its deadline: a drawn one response_deadline_s after its draw was
+        seen; a requested one response_deadline_s after the next window's anchor was read (when the prover serves
+        it), or when its on-chain verdict window is about to close (the prover never anchored the next window);
+        an off-chain one twice the deadline after it was asked (it is served at the next anchor)."""
+        deadline = run.spec.response_deadline_s
+        if step in run.requested:
+            if step in run.obliged:
+                return time.time() > run.drawn_at[step] + deadline
+            return int(self.contract.w3.eth.block_number) >= run.vote_by[step] - REQUEST_GUARD_BLOCKS
+        return time.time() > run.drawn_at[step] + deadline * (2 if step in run.offchain else 1)
 
     def dispatch(self, runs: list[WatchedRun]) -> None:
         """Start the oldest waiting audit whose response arrived, if the worker is free."""
@@ -410,6 +435,7 @@ class AuditorService:
             run.schedule.on_finished(step)
         run.offchain.discard(step)
         run.requested.discard(step)
+        run.obliged.discard(step)
         record: dict[str, Any] = {
             "run": run.run_id.hex(), "anchor": run.index_of.get(step), "step": step, "valid": verdict.valid,
             "reason": int(verdict.reason), "reason_name": verdict.reason.name, "detail": verdict.detail,

@@ -17,7 +17,7 @@ from node.training.corpus import load_corpus
 from node.training.job import JobPlan, get_request_dir, get_response_dir, run_job
 from node.training.onchain import ChainAudits, get_training_contract
 from node.training.scheduler import CancellableWorker
-from node.training.service import AuditorService, WatchedRun
+from node.training.service import REQUEST_GUARD_BLOCKS, AuditorService, WatchedRun
 from node.training.spec import RunSpec
 from node.training.trajectory import TrajectoryPolicy
 from tests.node.training.test_onchain import QUIET, mine
@@ -70,7 +70,15 @@ def test_a_raised_rate_requests_on_chain_and_an_unserved_step_is_voted_late_and_
     assert not get_request_dir(out).exists(), "nothing off-chain"
     other.process_run(runs[1])
     assert runs[1].requested == {5} and runs[1].index_of[5] == 0
-    time.sleep(2 * spec.response_deadline_s + 0.1)  # the prover serves nothing
+    time.sleep(spec.response_deadline_s + 0.1)
+    other.process_run(runs[1])
+    assert not runs[1].obliged and 5 in runs[1].requested, "not late before the prover's next anchor"
+    training.anchor(prover, run_id, 10, keccak256(b"head-10-" + run_id))  # it trains on, and serves nothing
+    mine(w3, 2)
+    for service, run in zip((requester, other), runs, strict=True):
+        service.process_run(run)
+        assert run.obliged == {5}
+    time.sleep(spec.response_deadline_s + 0.1)
     for service, run in zip((requester, other), runs, strict=True):
         service.collect_responses(run)
     assert [r["step"] for path in ("a", "b") for r in read_journal(tmp_path / f"{path}.jsonl") if "valid" in r] == [
@@ -97,12 +105,38 @@ def test_a_request_the_chain_refuses_is_logged_and_stays_off_chain(net, tmp_path
     assert [r["outcome"] for r in refused] == ["reverted: RequestsExhausted"]
     assert run.offchain == {5} and (get_request_dir(out) / "00000005.json").exists()
     assert run.requested == set(range(training.max_requests())), "the others' requests are audited too"
+    training.anchor(prover, run_id, 10, keccak256(b"head-10-" + run_id))
+    mine(w3, 2)
+    service.process_run(run)
     time.sleep(2 * spec.response_deadline_s + 0.1)
     service.collect_responses(run)
     late = {r["step"]: r for r in records}
     assert "submitted" not in late[5] and late[5]["offchain"], "an off-chain verdict is journaled only"
     assert late[0]["submitted"] == "counted" and late[0]["requested"]
     assert not training.get_run(run_id).slashed, "one validator's LATE votes settle nothing"
+
+
+def test_a_prover_that_never_anchors_again_is_voted_late_before_the_request_window_closes(net, tmp_path):
+    _, w3, training, validators, prover, _ = net
+    spec, out, run_id = register_unpublished_run(w3, training, prover, tmp_path)
+    training.request_audit(validators[2], run_id, 0, 1)
+    vote_by = training.verdict_deadline(run_id, 0, 1)
+    records = []
+    services = [make_service(training, v, tmp_path, str(i), None, records) for i, v in enumerate(validators[:2])]
+    runs = [WatchedRun(out_dir=out, prover=prover.address, spec=spec) for _ in services]
+    for service, run in zip(services, runs, strict=True):
+        service.process_run(run)
+    time.sleep(spec.response_deadline_s + 0.1)
+    mine(w3, vote_by - REQUEST_GUARD_BLOCKS - 1 - w3.eth.block_number)
+    for service, run in zip(services, runs, strict=True):
+        service.process_run(run)
+    assert records == [], "the stalled prover still has time"
+    mine(w3, 1)
+    for service, run in zip(services, runs, strict=True):
+        service.process_run(run)
+    assert [(r["step"], r["reason"], r["submitted"]) for r in records] == [
+        (1, int(TrainingReason.LATE_RESPONSE), "counted"), (1, int(TrainingReason.LATE_RESPONSE), "settled")]
+    assert w3.eth.block_number <= vote_by and training.get_run(run_id).slashed
 
 
 @dataclass(frozen=True)
