@@ -62,6 +62,12 @@ def _translate(exc: BaseException) -> ChainError:
     return translate_module_error(exc, ARTIFACT)
 
 
+def translate_training_error(exc: BaseException) -> ChainError:
+    """Return the chain error of an exception, a revert named from Training's ABI (for transactions sent
+    through another path, e.g. TxManager, whose translation knows only the hub's errors)."""
+    return _translate(exc)
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """A run as stored on chain (Training.Run)."""
@@ -109,6 +115,18 @@ class TrainingDeployConfig:
     min_bond: int = 10**18
     min_signers: int = 2
     verdict_window: int = 100
+    max_requests: int = 4  # requested audits per anchor, all validators together (requestAudit)
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    """A validator's request to audit an undrawn step (Training.AuditRequested)."""
+
+    run_id: bytes
+    index: int
+    step: int
+    requester: str
+    block_number: int
 
 
 class TrainingContract:
@@ -127,7 +145,8 @@ class TrainingContract:
         try:
             receipt = send(w3, account, factory.constructor(Web3.to_checksum_address(cfg.hub),
                                                             Web3.to_checksum_address(cfg.treasury), cfg.min_bond,
-                                                            cfg.min_signers, cfg.verdict_window))
+                                                            cfg.min_signers, cfg.verdict_window,
+                                                            cfg.max_requests))
         except ChainError as exc:
             raise _translate(exc) from exc
         return cls(w3, str(receipt["contractAddress"])), receipt
@@ -189,6 +208,47 @@ class TrainingContract:
         """Return whether a step of an anchored window is audited."""
         return bool(self.call("isAudited", run_id, index, step))
 
+    def is_audit_due(self, run_id: bytes, index: int, step: int) -> bool:
+        """Return whether a step of an anchored window must be audited: drawn or requested."""
+        return bool(self.call("isAuditDue", run_id, index, step))
+
+    def request_audit_call(self, run_id: bytes, index: int, step: int) -> Any:
+        """Return the unsent requestAudit call (for a caller that journals its transactions: TxManager)."""
+        return self.contract.functions.requestAudit(run_id, index, step)
+
+    def request_audit(self, account: LocalAccount, run_id: bytes, index: int, step: int) -> TxReceipt:
+        """Request the audit of an undrawn step of the newest anchor (a validator at the anchor; reverts
+        NotAValidator, AlreadyDue, RequestsExhausted, PastRequestHorizon, NotRunning, DrawNotReady)."""
+        return self.transact(account, "requestAudit", run_id, index, step)
+
+    def requested_at(self, run_id: bytes, step: int) -> int:
+        """Return the block a step's audit was requested in (0: not requested)."""
+        return int(self.call("requestedAt", run_id, step))
+
+    def request_count(self, run_id: bytes, index: int) -> int:
+        """Return how many audits were requested on an anchor's window."""
+        return int(self.call("requestCount", run_id, index))
+
+    def max_requests(self) -> int:
+        """Return the cap of requested audits per anchor."""
+        return int(self.call("maxRequests"))
+
+    def verdict_deadline(self, run_id: bytes, index: int, step: int) -> int:
+        """Return the last block in which votes on a due step settle."""
+        return int(self.call("verdictDeadline", run_id, index, step))
+
+    def get_audit_requests(self, run_id: bytes, from_block: int, to_block: int | str = "latest",
+                           index: int | None = None) -> list[AuditRequest]:
+        """Return a run's AuditRequested events in a block range (of one anchor's window when index is given)."""
+        filters: dict[str, Any] = {"runId": run_id} if index is None else {"runId": run_id, "index": index}
+        try:
+            logs = self.contract.events.AuditRequested().get_logs(from_block=from_block, to_block=to_block,
+                                                                  argument_filters=filters)
+        except Exception as exc:  # translated below
+            raise _translate(exc) from exc
+        return [AuditRequest(bytes(e["args"]["runId"]), int(e["args"]["index"]), int(e["args"]["step"]),
+                             str(e["args"]["requester"]), int(e["blockNumber"])) for e in logs]
+
     def audit_result(self, run_id: bytes, step: int) -> int:
         """Return 0 unsettled, 1 passed, 2 failed."""
         return int(self.call("auditResult", run_id, step))
@@ -247,5 +307,6 @@ def compute_verdict_digest(chain_id: int, contract: str, run_id: bytes, step: in
     return keccak(b"\x19" + m.version + m.header + m.body)
 
 
-__all__ = ["AnchorRecord", "AuditVote", "RunRecord", "TrainingContract", "TrainingDeployConfig",
-           "compute_verdict_digest", "decode_revert", "load_training_artifact", "sign_audit_verdict"]
+__all__ = ["AnchorRecord", "AuditRequest", "AuditVote", "RunRecord", "TrainingContract", "TrainingDeployConfig",
+           "compute_verdict_digest", "decode_revert", "load_training_artifact", "sign_audit_verdict",
+           "translate_training_error"]

@@ -15,6 +15,8 @@ import {StakeQuorum, IValidatorSet} from "./StakeQuorum.sol";
 ///      A verdict needs a supermajority of the hub's validator weight at the anchor block (StakeQuorum: stake
 ///      bonded later cannot join, one validator cannot slash); a missed deadline is a verdict too (reason
 ///      LATE_RESPONSE, 712), voted by the validators who saw it.
+///      A validator may also request an audit of an undrawn step (`requestAudit`, when its trajectory checks
+///      raise the run's rate): the step is then due like a drawn one and settled by the same supermajority.
 contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     uint256 public constant WAD = 1e18;
     uint16 public constant LATE_RESPONSE = 712;
@@ -53,6 +55,11 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     address public immutable treasury;
     uint256 public immutable minBond;
     uint256 public immutable verdictWindow; // blocks after an anchor's draw block in which its verdicts settle
+    /// @notice Requested audits per anchor, all validators together (`requestAudit`). A deployment constant, not
+    ///         a run parameter: the prover registers its own runs and would declare 0; one bound for every run
+    ///         caps what validators can make any prover serve (≤ maxRequests responses per window, each two
+    ///         states Z(t−1), Z(t)) and what an honest prover must budget for when it bonds.
+    uint256 public immutable maxRequests;
     uint8 public constant INIT_STRATEGIES = 1; // 0: normal(0, 0.02) matrices, unit norms
 
     mapping(bytes32 => Run) public runs;
@@ -63,6 +70,10 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     mapping(address => uint256) public credits;
     /// @notice A beacon fixed before its window is anchored (`fixBeacon`), so a long window outlives blockhash's 256 blocks.
     mapping(bytes32 => bytes32) public pendingBeacon;
+    /// @notice The block a validator requested the audit of a step in (0: not requested) — per run and step.
+    mapping(bytes32 => mapping(uint64 => uint64)) public requestedAt;
+    /// @notice Requests made on an anchor's window — per run and anchor index (≤ maxRequests).
+    mapping(bytes32 => mapping(uint256 => uint256)) public requestCount;
 
     event RunRegistered(bytes32 indexed runId, address indexed prover, uint256 bond, uint64 auditRateWad);
     event Anchored(bytes32 indexed runId, uint256 indexed index, uint64 firstStep, uint64 lastStep, bytes32 head);
@@ -71,6 +82,7 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     event RunFinished(bytes32 indexed runId, uint64 lastStep);
     event BondReturned(bytes32 indexed runId, uint256 amount);
     event BeaconFixed(bytes32 indexed runId, uint256 indexed index, bytes32 beacon);
+    event AuditRequested(bytes32 indexed runId, uint256 indexed index, uint64 step, address indexed requester);
 
     error BondTooLow(uint256 bond, uint256 minimum);
     error RunExists(bytes32 runId);
@@ -85,15 +97,23 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     error AlreadySettled(bytes32 runId, uint64 step);
     error TooEarly(uint256 readyAt);
     error NothingToClaim();
+    error AlreadyDue(bytes32 runId, uint64 step);
+    error RequestsExhausted(uint256 index, uint256 maximum);
+    error PastRequestHorizon(uint256 index, uint256 anchors);
 
-    constructor(IValidatorSet hub_, address treasury_, uint256 minBond_, uint256 minSigners_, uint256 verdictWindow_)
-        EIP712("verinfer-training", "1")
-        StakeQuorum(hub_, minSigners_)
-    {
+    constructor(
+        IValidatorSet hub_,
+        address treasury_,
+        uint256 minBond_,
+        uint256 minSigners_,
+        uint256 verdictWindow_,
+        uint256 maxRequests_
+    ) EIP712("verinfer-training", "1") StakeQuorum(hub_, minSigners_) {
         if (verdictWindow_ == 0 || verdictWindow_ > 250 || treasury_ == address(0)) revert BadParams();
         treasury = treasury_;
         minBond = minBond_;
         verdictWindow = verdictWindow_;
+        maxRequests = maxRequests_;
     }
 
     /// @notice Register a run with its bond. `nonce` is the verifier's fresh LSH nonce: one run per nonce.
@@ -202,6 +222,51 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         return uint256(draw) % WAD < runs[runId].auditRateWad;
     }
 
+    /// @notice Request the audit of an undrawn step of anchor `index`'s window (a validator's raised rate).
+    /// @dev Who: a hub validator with weight at the anchor's block − 1, the weights its votes count with — stake
+    ///      bonded after the anchor cannot request. A request makes nobody a judge: the step is then due like a
+    ///      drawn one (`isAuditDue`) and settles only on the same supermajority of votes, so an honest prover who
+    ///      serves it loses nothing; one who does not is voted LATE_RESPONSE as for a drawn audit.
+    ///      When: once the anchor's draw is ready (a drawn step cannot be requested, nor a step twice), and only
+    ///      while `index` is the run's newest anchor and the run neither finished nor slashed. The prover reads
+    ///      a window's requests once it has anchored the next window (they are final then: later ones revert)
+    ///      and serves them before training on; its rolling buffer of K = 2m states
+    ///      (spec.py `compute_keep_checkpoints`) still holds Z(e−m), the oldest state the window ending at e
+    ///      needs, exactly until then. A request after the next anchor could not be served from K = 2m, and
+    ///      a finished run's prover has stopped: both revert (PastRequestHorizon / NotRunning). The last window
+    ///      is therefore covered by its draw only.
+    ///      How many: at most `maxRequests` per anchor, all validators together (RequestsExhausted beyond).
+    ///      Its verdict window counts from the request block; it closes before the bond can be withdrawn
+    ///      (a request precedes the run's end, and withdrawal waits verdictWindow + 2 blocks after it).
+    function requestAudit(bytes32 runId, uint256 index, uint64 step) external {
+        Run storage r = _running(runId);
+        if (index + 1 != r.anchors) revert PastRequestHorizon(index, r.anchors);
+        Anchor storage a = anchors[runId][index];
+        if (hub.weightAt(msg.sender, uint256(a.blockNumber) - 1) == 0) revert NotAValidator(msg.sender);
+        if (step < a.firstStep || step > a.lastStep) revert BadWindow(a.firstStep, a.lastStep);
+        if (requestedAt[runId][step] != 0 || isAudited(runId, index, step)) revert AlreadyDue(runId, step);
+        uint256 n = requestCount[runId][index];
+        if (n >= maxRequests) revert RequestsExhausted(index, maxRequests);
+        requestCount[runId][index] = n + 1;
+        requestedAt[runId][step] = uint64(block.number);
+        emit AuditRequested(runId, index, step, msg.sender);
+    }
+
+    /// @notice Whether step `step` of anchor `index` must be audited: drawn (`isAudited`) or requested.
+    function isAuditDue(bytes32 runId, uint256 index, uint64 step) public view returns (bool) {
+        Anchor storage a = anchors[runId][index];
+        if (step < a.firstStep || step > a.lastStep) return false;
+        return requestedAt[runId][step] != 0 || isAudited(runId, index, step);
+    }
+
+    /// @notice The last block in which votes on a due step settle: verdictWindow blocks after its anchor's draw
+    ///         block, or after its request block for a requested step.
+    function verdictDeadline(bytes32 runId, uint256 index, uint64 step) public view returns (uint256) {
+        uint64 requested = requestedAt[runId][step];
+        if (requested != 0) return uint256(requested) + verdictWindow;
+        return uint256(anchors[runId][index].blockNumber) + 1 + verdictWindow;
+    }
+
     /// @notice The EIP-712 digest a validator signs for an audit verdict.
     function verdictDigest(bytes32 runId, uint64 step, bytes32 anchorHead, bool valid, uint16 reason)
         public
@@ -211,13 +276,14 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         return _hashTypedDataV4(keccak256(abi.encode(VERDICT_TYPEHASH, runId, step, anchorHead, valid, reason)));
     }
 
-    /// @notice Count validators' signed votes on an audited step (anyone may relay them; a vote counted already
-    ///         is skipped). Weights are the hub's at the end of the block before the anchor; a supermajority
+    /// @notice Count validators' signed votes on a due step, drawn or requested (anyone may relay them; a vote
+    ///         counted already is skipped). Weights are the hub's at the end of the block before the anchor; a supermajority
     ///         settles the audit, and an invalid result forfeits the whole bond.
     function submitVotes(bytes32 runId, uint256 index, uint64 step, Vote[] calldata votes) external nonReentrant {
         Anchor storage a = anchors[runId][index];
-        if (!isAudited(runId, index, step)) revert NotAudited(runId, step);
-        if (block.number > uint256(a.blockNumber) + 1 + verdictWindow) revert DrawExpired(a.blockNumber + 1 + verdictWindow);
+        if (!isAuditDue(runId, index, step)) revert NotAudited(runId, step);
+        uint256 deadline = verdictDeadline(runId, index, step);
+        if (block.number > deadline) revert DrawExpired(deadline);
         if (auditResult[runId][step] != 0) revert AlreadySettled(runId, step);
         bytes32 key = _auditKey(runId, step);
         uint8 result;

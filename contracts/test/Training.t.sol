@@ -14,10 +14,12 @@ contract TrainingTest is Fixture {
     bytes32 internal constant RUN = keccak256("run-1");
     bytes32 internal constant NONCE = keccak256("nonce-1");
     uint64 internal constant RATE = 0.5e18;
+    uint256 internal constant MAX_REQUESTS = 2;
+    bytes32 internal constant QUIET = keccak256("run-quiet"); // a run whose draw audits nothing (rate 1e-18)
 
     function setUp() public override {
         super.setUp();
-        tr = new Training(IValidatorSet(address(hub)), TREASURY, 1 ether, 2, 100);
+        tr = new Training(IValidatorSet(address(hub)), TREASURY, 1 ether, 2, 100, MAX_REQUESTS);
         prover = vm.addr(PROVER_KEY);
         vm.deal(prover, 10 ether);
         vm.prank(prover);
@@ -247,5 +249,167 @@ contract TrainingTest is Fixture {
         vm.prank(prover);
         vm.expectRevert();
         tr.anchor(RUN, 10, keccak256("h10"));
+    }
+
+    // ---- requested audits (requestAudit) --------------------------------------------------------------
+
+    function registerQuiet() internal {
+        vm.prank(prover);
+        tr.registerRun{value: 2 ether}(QUIET, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, 1, 5);
+    }
+
+    function anchorQuiet(uint64 lastStep, bytes32 head) internal returns (uint256 index) {
+        (,,,,,,, uint32 n,,,,) = tr.runs(QUIET);
+        index = n;
+        vm.roll(vm.getBlockNumber() + 2);
+        vm.prank(prover);
+        tr.anchor(QUIET, lastStep, head);
+    }
+
+    function quietVotes(uint256 n, uint64 step, bytes32 head, bool valid, uint16 reason)
+        internal
+        view
+        returns (Training.Vote[] memory out)
+    {
+        out = new Training.Vote[](n);
+        for (uint256 i; i < n; ++i) {
+            (uint8 v, bytes32 r, bytes32 s) = vm.sign(VAL_KEYS[i], tr.verdictDigest(QUIET, step, head, valid, reason));
+            out[i] = Training.Vote({valid: valid, reason: reason, signature: abi.encodePacked(r, s, v)});
+        }
+    }
+
+    function request(address who, bytes32 run, uint256 index, uint64 step) internal {
+        vm.prank(who);
+        tr.requestAudit(run, index, step);
+    }
+
+    function test_onlyAValidatorWeightedAtTheAnchorMayRequest() public {
+        registerQuiet();
+        uint256 lateKey = 0xD00D;
+        uint256 index = anchorQuiet(5, keccak256("q5"));
+        bondAs(vm.addr(lateKey), Staking.Role.Validator, 50 ether); // after the anchor: no weight at its block − 1
+        vm.roll(vm.getBlockNumber() + 2);
+        vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, prover));
+        request(prover, QUIET, index, 1);
+        vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, vm.addr(lateKey)));
+        request(vm.addr(lateKey), QUIET, index, 1);
+        request(vals[0], QUIET, index, 1);
+        assertEq(uint256(tr.requestedAt(QUIET, 1)), block.number, "the request block is stored");
+        assertTrue(tr.isAuditDue(QUIET, index, 1) && !tr.isAudited(QUIET, index, 1), "due, not drawn");
+        assertTrue(!tr.isAuditDue(QUIET, index, 2), "another step is not");
+    }
+
+    function test_requestsPerAnchorAreCappedAcrossValidators() public {
+        registerQuiet();
+        uint256 index = anchorQuiet(5, keccak256("q5"));
+        vm.roll(vm.getBlockNumber() + 2);
+        request(vals[0], QUIET, index, 1);
+        request(vals[1], QUIET, index, 2);
+        assertEq(tr.requestCount(QUIET, index), MAX_REQUESTS, "two requests");
+        vm.expectRevert(abi.encodeWithSelector(Training.RequestsExhausted.selector, index, MAX_REQUESTS));
+        request(vals[2], QUIET, index, 3);
+        // the cap is per anchor: the next window has its own
+        uint256 next = anchorQuiet(10, keccak256("q10"));
+        vm.roll(vm.getBlockNumber() + 2);
+        request(vals[2], QUIET, next, 7);
+        assertEq(tr.requestCount(QUIET, next), 1, "own count");
+    }
+
+    function test_aRequestNeedsTheDrawAndEndsAtTheNextAnchorOrTheRunsEnd() public {
+        registerQuiet();
+        uint256 index = anchorQuiet(5, keccak256("q5"));
+        vm.expectRevert(abi.encodeWithSelector(Training.DrawNotReady.selector, block.number + 2));
+        request(vals[0], QUIET, index, 1);
+        vm.roll(vm.getBlockNumber() + 2);
+        vm.expectRevert(abi.encodeWithSelector(Training.BadWindow.selector, 0, 5));
+        request(vals[0], QUIET, index, 6);
+        vm.expectRevert(abi.encodeWithSelector(Training.PastRequestHorizon.selector, index + 1, 1));
+        request(vals[0], QUIET, index + 1, 6);
+        uint256 next = anchorQuiet(10, keccak256("q10"));
+        vm.roll(vm.getBlockNumber() + 2);
+        // window 0's states past Z(e−m) leave the prover's K = 2m buffer once it trains past anchor 1
+        vm.expectRevert(abi.encodeWithSelector(Training.PastRequestHorizon.selector, index, 2));
+        request(vals[0], QUIET, index, 1);
+        vm.prank(prover);
+        tr.finish(QUIET);
+        vm.expectRevert(abi.encodeWithSelector(Training.NotRunning.selector, QUIET));
+        request(vals[0], QUIET, next, 7);
+    }
+
+    function test_aDrawnOrAlreadyRequestedStepCannotBeRequested() public {
+        uint256 index = anchorNext(5, keccak256("h5"));
+        vm.roll(vm.getBlockNumber() + 2);
+        uint64 drawn = firstAudited(index, 0, 5);
+        vm.expectRevert(abi.encodeWithSelector(Training.AlreadyDue.selector, RUN, drawn));
+        request(vals[0], RUN, index, drawn);
+        for (uint64 t; t <= 5; ++t) {
+            if (tr.isAudited(RUN, index, t)) continue;
+            request(vals[0], RUN, index, t);
+            vm.expectRevert(abi.encodeWithSelector(Training.AlreadyDue.selector, RUN, t));
+            request(vals[1], RUN, index, t);
+            assertEq(tr.requestCount(RUN, index), 1, "the duplicate is not counted");
+            return;
+        }
+    }
+
+    function test_aRequestedStepSettledInvalidForfeitsTheBond() public {
+        registerQuiet();
+        bytes32 head = keccak256("q5");
+        uint256 index = anchorQuiet(5, head);
+        vm.roll(vm.getBlockNumber() + 2);
+        Training.Vote[] memory early = quietVotes(2, 3, head, false, 709);
+        vm.expectRevert(abi.encodeWithSelector(Training.NotAudited.selector, QUIET, uint64(3)));
+        tr.submitVotes(QUIET, index, 3, early); // not due before the request
+        request(vals[0], QUIET, index, 3);
+        tr.submitVotes(QUIET, index, 3, quietVotes(1, 3, head, false, 709));
+        assertEq(tr.auditResult(QUIET, 3), 0, "the requester alone settles nothing");
+        tr.submitVotes(QUIET, index, 3, quietVotes(2, 3, head, false, 709));
+        assertEq(tr.auditResult(QUIET, 3), 2, "failed");
+        (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
+        assertTrue(slashed && bond == 0, "slashed");
+        assertEq(tr.credits(TREASURY), 2 ether, "bond to the treasury");
+    }
+
+    function test_aRequestedStepSettledValidKeepsTheBond() public {
+        registerQuiet();
+        bytes32 head = keccak256("q5");
+        uint256 index = anchorQuiet(5, head);
+        vm.roll(vm.getBlockNumber() + 2);
+        request(vals[0], QUIET, index, 3);
+        tr.submitVotes(QUIET, index, 3, quietVotes(2, 3, head, true, 0));
+        assertEq(tr.auditResult(QUIET, 3), 1, "passed");
+        (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
+        assertTrue(!slashed && bond == 2 ether, "bond kept");
+    }
+
+    function test_lateOnARequestedStepSlashes() public {
+        registerQuiet();
+        bytes32 head = keccak256("q5");
+        uint256 index = anchorQuiet(5, head);
+        vm.roll(vm.getBlockNumber() + 2);
+        request(vals[1], QUIET, index, 4);
+        vm.roll(vm.getBlockNumber() + 20); // the prover never served it
+        tr.submitVotes(QUIET, index, 4, quietVotes(2, 4, head, false, tr.LATE_RESPONSE()));
+        assertEq(tr.auditResult(QUIET, 4), 2, "late is a failed audit");
+        (,,,,,,,,,, bool slashed,) = tr.runs(QUIET);
+        assertTrue(slashed, "slashed");
+    }
+
+    function test_aRequestedStepsVerdictWindowCountsFromTheRequest() public {
+        registerQuiet();
+        bytes32 head = keccak256("q5");
+        uint256 index = anchorQuiet(5, head);
+        (,, uint64 anchorBlock,,) = tr.anchors(QUIET, index);
+        vm.roll(uint256(anchorBlock) + 90);
+        request(vals[0], QUIET, index, 2);
+        uint256 deadline = block.number + 100;
+        assertEq(tr.verdictDeadline(QUIET, index, 2), deadline, "request block + verdictWindow");
+        vm.roll(uint256(anchorBlock) + 1 + 100 + 1); // a drawn step's window would be over
+        tr.submitVotes(QUIET, index, 2, quietVotes(1, 2, head, false, 712));
+        vm.roll(deadline + 1);
+        Training.Vote[] memory late = quietVotes(2, 2, head, false, 712);
+        vm.expectRevert(abi.encodeWithSelector(Training.DrawExpired.selector, deadline));
+        tr.submitVotes(QUIET, index, 2, late);
+        assertEq(tr.auditResult(QUIET, 2), 0, "unsettled after its window");
     }
 }

@@ -262,7 +262,8 @@ def get_votes(training: TrainingContract) -> dict[str, dict[str, int]]:
 
 
 def get_journal_summary(out: Path, names: list[str]) -> dict[str, Any]:
-    """Return per auditor: verdicts journaled, interrupted audits, off-chain audits, trajectory raises."""
+    """Return per auditor: verdicts journaled, interrupted audits, off-chain audits, trajectory raises, audits it
+    requested on chain and verdicts on requested steps."""
     summary: dict[str, Any] = {}
     for name in names:
         path = out / f"audits-{name}.jsonl"
@@ -270,6 +271,8 @@ def get_journal_summary(out: Path, names: list[str]) -> dict[str, Any]:
         summary[name] = {"verdicts": sum("valid" in r and not r.get("offchain") for r in records),
                          "offchain_verdicts": sum(bool(r.get("offchain")) for r in records),
                          "interrupted": sum(bool(r.get("interrupted")) for r in records),
+                         "onchain_requests": sum(r.get("outcome") == "requested" for r in records),
+                         "requested_verdicts": sum("valid" in r and bool(r.get("requested")) for r in records),
                          "trajectory_raises": sum(bool(r.get("trajectory")) for r in records)}
     return summary
 

@@ -4,8 +4,10 @@ Ranks 0..N−1 are workers, rank N is the shadow. Each step every worker compute
 gradient, sketches it (the replica LSH) and all-reduces it with SUM over all N+1 ranks; the shadow
 contributes zeros, and everyone divides by N, so the workers' average is exactly what it would be
 without the shadow, and the shadow receives the same bits. Rank 0 writes the signed ledger entry.
-Every m steps rank 0 anchors the head (AuditSource.on_anchor) and learns which steps were drawn; it
-then serves the batches of the drawn steps and the shadow serves Z(s−1), Z(s) from its last K states.
+Every m steps rank 0 anchors the head (AuditSource.on_anchor) and learns which steps were drawn, and which
+steps of the previous window validators requested on chain (requestAudit; a requested step unserved is voted
+LATE_RESPONSE like a drawn one, so the prover cannot ignore it); it then serves the batches of those steps and
+the shadow serves Z(s−1), Z(s) from its last K = 2m states.
 
 `Cheat`s make the prover dishonest in precise ways at given steps; with none the prover is honest.
 """
@@ -76,7 +78,8 @@ class AuditSource(Protocol):
         ...
 
     def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
-        """Anchor head (covering steps first..last) and return the audited steps among them."""
+        """Anchor head (covering steps first..last) and return the steps to serve now: the audited steps among
+        them, and audits the verifier requested on the previous window (the chain's AuditRequested)."""
         ...
 
 

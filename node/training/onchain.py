@@ -41,9 +41,18 @@ def get_audited_steps(contract: TrainingContract, run_id: bytes, index: int) -> 
     return [t for t in range(a.first_step, a.last_step + 1) if contract.is_audited(run_id, index, t)]
 
 
+def get_requested_steps(contract: TrainingContract, run_id: bytes, index: int) -> list[int]:
+    """Return the steps of anchor `index`'s window whose audit a validator requested on chain (AuditRequested)."""
+    if index < 0:
+        return []
+    since = contract.get_anchor(run_id, index).block_number
+    return sorted({r.step for r in contract.get_audit_requests(run_id, since, index=index)})
+
+
 @dataclass(frozen=True)
 class ChainAudits:
-    """The prover's AuditSource on chain: anchor each window, wait for the block after it, read the draw."""
+    """The prover's AuditSource on chain: anchor each window, wait for the block after it, read the draw and the
+    previous window's requested audits."""
 
     rpc_url: str
     contract: str
@@ -66,7 +75,9 @@ class ChainAudits:
             time.sleep(0.2)
 
     def on_anchor(self, first_step: int, last_step: int, head: bytes) -> list[int]:
-        """Anchor the head, finish the run after its last window, and return the drawn audits."""
+        """Anchor the head, finish the run after its last window, and return the steps to serve now: this window's
+        draw and the audits validators requested on the previous window (final once this anchor is mined: the
+        contract refuses requests on a window once the next one is anchored)."""
         contract = get_training_contract(self.rpc_url, self.contract)
         account: LocalAccount = Account.from_key(self.prover_key)
         record = contract.get_run(self.run_id)
@@ -83,7 +94,8 @@ class ChainAudits:
         if last_step == self.final_step and (last_step % self.anchor_every == 0):
             contract.finish(account, self.run_id)
         wait_for_block(contract, int(receipt["blockNumber"]) + 2, self.draw_timeout_s)
-        return get_audited_steps(contract, self.run_id, before)
+        drawn = get_audited_steps(contract, self.run_id, before)
+        return sorted(set(drawn) | set(get_requested_steps(contract, self.run_id, before - 1)))
 
 
 def compute_audit_id(run_id: bytes, step: int) -> int:

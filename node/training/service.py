@@ -13,9 +13,13 @@ deadline is voted LATE_RESPONSE. Every verdict is journaled before it is signed 
 validator's own vote (`submitVotes`); the contract settles on a supermajority of validators.
 
 Trajectory checks (node.training.trajectory) never vote: when they raise the run's audit rate, the
-auditor picks extra steps of the window with its own randomness and requests them off-chain
-(`requests/<step>.json` beside the responses; the prover serves them at its next anchor); their
-verdicts are journaled (`offchain: true`), not submitted: the chain settles only drawn steps.
+auditor picks extra steps of the window with its own randomness and requests them on chain
+(`requestAudit`, journaled before it is sent, through the TxManager): a requested step is then due like a
+drawn one, the prover reads it from the chain's AuditRequested events and serves it at its next anchor, and
+every validator — the requester and the others, who learn it from the same events — audits it and submits
+its vote (LATE_RESPONSE when nothing is served). A request the chain refuses (the per-anchor cap reached, the
+next window already anchored, the run finished) stays off-chain as before (`requests/<step>.json` beside the
+responses): its verdict is journaled (`offchain: true`), not submitted.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from typing import Any
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from chain.errors import ContractReverted
-from chain.training import TrainingContract
+from chain.errors import ChainError, ContractReverted
+from chain.training import TrainingContract, translate_training_error
+from chain.txmanager import TxManager
 from node.errors import RecoverableError
 from node.protocol.ledger import InvalidTraining, LedgerEntry, TrainingReason
 from node.store.leveldb import ConflictingVerdict, Store
@@ -69,6 +74,9 @@ from node.training.trajectory import (
 
 log = logging.getLogger(__name__)
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+# a requested step not served when its verdict window has this many blocks left is voted LATE (its prover never
+# anchored the next window): later, the votes might not be mined inside the window and the prover would escape
+REQUEST_GUARD_BLOCKS = 5
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,11 @@ class WatchedRun:
     drawn_at: dict[int, float] = field(default_factory=dict)  # step → when this auditor saw it drawn/requested
     responses: dict[int, SeenResponse] = field(default_factory=dict)  # stamped on first sight
     offchain: set[int] = field(default_factory=set)
+    requested: set[int] = field(default_factory=set)  # requested on chain (by any validator), not yet voted on
+    requests_known: set[int] = field(default_factory=set)  # every step ever learnt as requested on chain
+    requests_from: int = 0  # the block this auditor reads AuditRequested events from
+    obliged: set[int] = field(default_factory=set)  # requested steps the prover must have served (next anchor read)
+    vote_by: dict[int, int] = field(default_factory=dict)  # requested step → the last block its votes settle in
     multiplier: float = 1.0
     closed: bool = False
 
@@ -165,6 +178,7 @@ class AuditorService:
     spool: Path | None = None  # where this auditor keeps the responses it saw (None: read the prover's folder)
     recompute_lock: Path | None = None  # a lock file shared by auditors on one machine (devnet): one recompute
     shape_tolerances: dict[str, AuditTolerance] = field(default_factory=dict)  # a shape's own calibration
+    txm: TxManager | None = None  # sends requestAudit journaled; None: extra audits are requested off-chain only
 
     def get_tolerance(self, spec: RunSpec) -> AuditTolerance:
         """Return the tolerance for a run: its shape's own calibration if there is one, else the default."""
@@ -189,31 +203,40 @@ class AuditorService:
                 self.running = None
             run.closed = True
             return
+        if run.requests_from == 0:  # no request predates the run's registration
+            run.requests_from = record.registered_block
         while run.anchors_read < record.anchors:
             anchor = self.contract.get_anchor(run.run_id, run.anchors_read)
             if self.contract.w3.eth.block_number < anchor.block_number + 2:
                 break
-            self.on_anchor(run, run.anchors_read, anchor.first_step, anchor.last_step, anchor.head, anchor.beacon)
+            self.on_anchor(run, run.anchors_read, anchor.first_step, anchor.last_step, anchor.head, anchor.beacon,
+                           newest=run.anchors_read + 1 == record.anchors)
             run.anchors_read += 1
+        self.process_audit_requests(run)
         self.collect_responses(run)
         ended = record.finished_block or record.slashed
         if ended and run.anchors_read == record.anchors and not self.get_waiting(run) and not self.is_running(run):
             run.closed = True
 
     def on_anchor(self, run: WatchedRun, index: int, first_step: int, last_step: int, head: bytes,
-                  beacon: bytes) -> None:
+                  beacon: bytes, newest: bool = False) -> None:
         """Take one anchored window: its beacon, its draws (interrupting older audits), trajectory, extra audits."""
         run.beacons.append(beacon)
         steps = get_audited_steps(self.contract, run.run_id, index)
         now = time.time()
+        for t in run.requested:  # the previous window's requests: the prover serves them now, as this draw's
+            if run.index_of[t] == index - 1:
+                self.on_obliged(run, t, now)
         for t in steps:
             run.index_of[t], run.drawn_at[t] = index, now
         for t in run.schedule.on_draw(last_step, steps):
             self.on_interrupted(run, t)
-        self.process_trajectory(run, index, range(first_step, last_step + 1), head, steps)
+        self.process_trajectory(run, index, range(first_step, last_step + 1), head, steps, newest)
 
-    def process_trajectory(self, run: WatchedRun, index: int, window: range, head: bytes, drawn: list[int]) -> None:
-        """Score the published ledger up to the anchor; when the rate is raised, request extra steps off-chain."""
+    def process_trajectory(self, run: WatchedRun, index: int, window: range, head: bytes, drawn: list[int],
+                           newest: bool = False) -> None:
+        """Score the published ledger up to the anchor; when the rate is raised, request extra steps — on chain
+        while this is the run's newest anchor, else (or when the chain refuses) off-chain."""
         if self.trajectory is None:
             return
         try:
@@ -232,12 +255,73 @@ class AuditorService:
             decision, multiplier=run.multiplier)))
         chosen = [t for t in window if t not in drawn
                   and (t in decision.flagged_steps or secrets.randbelow(10**6) < extra_p * 10**6)]
-        for t in chosen:
+        chosen.sort(key=lambda t: (t not in decision.flagged_steps, t))  # flagged first: the chain caps requests
+        onchain = [t for t in chosen if newest and self.request_onchain(run, index, t)]
+        offchain = [t for t in chosen if t not in onchain]
+        for t in offchain:
             self.request_offchain(run, t)
         if decision.multiplier > 1.0:
             self.write_journal({"run": run.run_id.hex(), "trajectory": True, "anchor": index,
                                 "multiplier": run.multiplier, "flagged": list(decision.flagged_steps),
-                                "offchain_requested": chosen, "at": time.time()})
+                                "onchain_requested": onchain, "offchain_requested": offchain, "at": time.time()})
+
+    def request_onchain(self, run: WatchedRun, index: int, step: int) -> bool:
+        """Request the audit of an undrawn step on chain (journaled, then sent and confirmed through the TxManager);
+        return whether the chain took it. A refusal (cap reached, past the horizon, already due) or a failed
+        transaction is journaled and logged: the caller requests the step off-chain instead."""
+        if self.txm is None:
+            return False
+        record: dict[str, Any] = {"run": run.run_id.hex(), "anchor": index, "step": step, "request": "onchain",
+                                  "validator": self.validator.address, "at": time.time()}
+        self.write_journal(record)  # journaled before it is signed and sent
+        try:
+            fn = self.contract.request_audit_call(run.run_id, index, step)
+            entry = self.txm.send(fn, purpose=f"requestAudit {run.run_id.hex()[:10]} step {step}")
+            receipt = self.txm.confirm(int(entry["nonce"]))
+        except (ChainError, RecoverableError) as e:
+            error = translate_training_error(e)
+            outcome = f"reverted: {error.error}" if isinstance(error, ContractReverted) else f"failed: {error}"
+            self.write_journal({**record, "outcome": outcome, "at": time.time()})
+            log.warning("run %s step %d: on-chain audit request not taken (%s); requested off-chain",
+                        run.run_id.hex()[:10], step, outcome)
+            return False
+        self.write_journal({**record, "outcome": "requested", "gas": int(receipt["gasUsed"]),
+                            "block": int(receipt["blockNumber"]), "at": time.time()})
+        self.on_requested(run, index, step)
+        return True
+
+    def process_audit_requests(self, run: WatchedRun) -> None:
+        """Learn the audits any validator requested on chain (AuditRequested events) of anchors read already."""
+        latest = int(self.contract.w3.eth.block_number)
+        if latest < run.requests_from:
+            return
+        held: list[int] = []
+        for request in self.contract.get_audit_requests(run.run_id, run.requests_from, latest):
+            if request.index >= run.anchors_read:  # its anchor is not read yet: read the event again later
+                held.append(request.block_number)
+            else:
+                self.on_requested(run, request.index, request.step)
+        run.requests_from = min(held) if held else latest + 1
+
+    def on_requested(self, run: WatchedRun, index: int, step: int) -> None:
+        """Take a step requested on chain: it is due like a drawn one, and this validator votes on it."""
+        if step in run.requests_known:
+            return
+        run.requests_known.add(step)
+        run.requested.add(step)
+        run.offchain.discard(step)  # another validator's request made it an on-chain audit
+        run.index_of[step] = index
+        run.drawn_at[step] = time.time()
+        run.vote_by[step] = self.contract.verdict_deadline(run.run_id, index, step)
+        if run.anchors_read > index + 1:  # the next window is anchored already: the prover serves it now
+            self.on_obliged(run, step, time.time())
+
+    @staticmethod
+    def on_obliged(run: WatchedRun, step: int, now: float) -> None:
+        """Start a requested step's response deadline: the prover serves a window's requests once it anchored the
+        next window and its draw is ready (ChainAudits.on_anchor) — when this auditor reads that anchor."""
+        run.obliged.add(step)
+        run.drawn_at[step] = max(run.drawn_at[step], now)
 
     def request_offchain(self, run: WatchedRun, step: int) -> None:
         """Ask the prover for an extra audit response of a step the chain did not draw."""
@@ -255,9 +339,9 @@ class AuditorService:
         self.write_journal({"run": run.run_id.hex(), "step": step, "interrupted": True, "at": time.time()})
 
     def get_waiting(self, run: WatchedRun) -> list[int]:
-        """Return the steps still to audit: live on-chain ones, then off-chain extras, oldest first."""
+        """Return the steps still to audit: live drawn ones, then requested and off-chain extras, oldest first."""
         live = [t for t in run.schedule.get_pending() if not self.is_running(run, t)]
-        extra = [t for t in sorted(run.offchain) if not self.is_running(run, t)]
+        extra = [t for t in sorted(run.requested | run.offchain) if not self.is_running(run, t) and t not in live]
         return live + extra
 
     def is_running(self, run: WatchedRun, step: int | None = None) -> bool:
@@ -278,9 +362,21 @@ class AuditorService:
                     log.warning("response of step %d not kept: %s", t, e)
                     continue
                 run.responses[t] = SeenResponse(folder, arrived)
-            elif time.time() > run.drawn_at[t] + run.spec.response_deadline_s * (2 if t in run.offchain else 1):
+            elif self.is_late(run, t):
                 self.on_verdict(run, t, AuditVerdict(t, False, TrainingReason.LATE_RESPONSE,
                                                      "no response before the deadline"))
+
+    def is_late(self, run: WatchedRun, step: int) -> bool:
+        """Check whether an unserved step is past its deadline: a drawn one response_deadline_s after its draw was
+        seen; a requested one response_deadline_s after the next window's anchor was read (when the prover serves
+        it), or when its on-chain verdict window is about to close (the prover never anchored the next window);
+        an off-chain one twice the deadline after it was asked (it is served at the next anchor)."""
+        deadline = run.spec.response_deadline_s
+        if step in run.requested:
+            if step in run.obliged:
+                return time.time() > run.drawn_at[step] + deadline
+            return int(self.contract.w3.eth.block_number) >= run.vote_by[step] - REQUEST_GUARD_BLOCKS
+        return time.time() > run.drawn_at[step] + deadline * (2 if step in run.offchain else 1)
 
     def dispatch(self, runs: list[WatchedRun]) -> None:
         """Start the oldest waiting audit whose response arrived, if the worker is free."""
@@ -330,20 +426,21 @@ class AuditorService:
                                                 verdict.measurement))
 
     def on_verdict(self, run: WatchedRun, step: int, verdict: AuditVerdict) -> None:
-        """Journal a verdict, then (drawn steps only) sign and submit this validator's vote."""
+        """Journal a verdict, then (drawn and on-chain requested steps) sign and submit this validator's vote."""
         offchain = step in run.offchain and step not in run.index_of
         seen = run.responses.pop(step, None)
         if seen is not None and self.spool is not None:  # the checkpoints are not kept past the verdict
             shutil.rmtree(seen.folder, ignore_errors=True)
-        if offchain:
-            run.offchain.discard(step)
-        else:
+        if not offchain:
             run.schedule.on_finished(step)
-            run.offchain.discard(step)
+        run.offchain.discard(step)
+        run.requested.discard(step)
+        run.obliged.discard(step)
         record: dict[str, Any] = {
             "run": run.run_id.hex(), "anchor": run.index_of.get(step), "step": step, "valid": verdict.valid,
             "reason": int(verdict.reason), "reason_name": verdict.reason.name, "detail": verdict.detail,
             "measurement": asdict(verdict.measurement) if verdict.measurement else None, "offchain": offchain,
+            "requested": step in run.requests_known,
             "validator": self.validator.address, "at": time.time()}
         self.write_journal(record)  # journaled before it is signed and sent
         if not offchain:
@@ -376,9 +473,11 @@ def run_auditor(runs: list[WatchedRun], *, rpc_url: str, contract_address: str, 
     """Follow runs until each is finished and all its drawn audits are voted (or the timeout passes)."""
     contract = get_training_contract(rpc_url, contract_address)
     store = Store(journal.parent / f"{journal.stem}.protection", int(contract.w3.eth.chain_id), contract.address)
-    service = AuditorService(contract=contract, validator=Account.from_key(validator_key), tolerance=tolerance,
+    validator = Account.from_key(validator_key)
+    service = AuditorService(contract=contract, validator=validator, tolerance=tolerance,
                              trajectory=trajectory, journal=journal, worker=CancellableWorker(threads), store=store,
-                             spool=spool, recompute_lock=recompute_lock, shape_tolerances=shape_tolerances or {})
+                             spool=spool, recompute_lock=recompute_lock, shape_tolerances=shape_tolerances or {},
+                             txm=TxManager(contract.w3, validator, store, confirmations=1))
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:

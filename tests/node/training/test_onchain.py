@@ -1,32 +1,19 @@
 """The Training contract on a real anvil through chain.training: beacons, draws, digests, the vote quorum, slashing."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from chain.contracts import HubConfig, Role
-from chain.deploy import deploy
-from chain.devnet import Anvil, dev_account
+from chain.devnet import dev_account
 from chain.errors import ContractReverted
-from chain.training import TrainingContract, TrainingDeployConfig, compute_verdict_digest
+from chain.training import compute_verdict_digest
 from node.protocol.hashing import keccak256
 from node.protocol.ledger import TrainingReason, compute_audit_draw
 from node.protocol.lsh import is_audited
 from node.training.onchain import ChainAudits, get_audited_steps, submit_audit_vote
 
 RATE = 10**18  # every step drawn: the test needs a drawn step, whatever the block hash
-
-
-@pytest.fixture(scope="module")
-def net():
-    with Anvil() as node:
-        w3 = node.web3()
-        admin, treasury, prover = dev_account(0), dev_account(1), dev_account(3)
-        validators = [dev_account(i) for i in (2, 5, 6)]
-        hub, _ = deploy(w3, admin, HubConfig(treasury=treasury.address))
-        for v in validators:
-            hub.bond(v, Role.VALIDATOR, 5 * 10**18)
-        training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(hub=hub.address,
-                                                                             treasury=treasury.address))
-        yield node, w3, training, validators, prover, treasury
 
 
 def mine(w3, n):
@@ -120,3 +107,62 @@ def test_a_vote_is_recorded_before_it_is_signed_and_a_changed_mind_is_refused(ne
         with pytest.raises(ConflictingVerdict):  # a restarted auditor that now finds the step valid signs nothing
             submit_audit_vote(training, validators[0], run, 0, 2, True, 0, store)
     assert training.audit_result(run, 2) == 0 and not training.has_voted(run, 2, validators[1].address)
+
+
+QUIET = 1  # a rate of 1e-18: the draw audits nothing, so every step can be requested
+
+
+def anchored_quiet_run(w3, training, prover, name: bytes, last_step: int = 5):
+    """Register a run whose draw audits nothing and anchor its first window; return (run id, head, anchor block)."""
+    run, head = keccak256(b"run-" + name), keccak256(b"head-" + name)
+    training.register_run(prover, run, keccak256(b"nonce-" + name), b"\x01" * 32, b"\x02" * 32, 0, QUIET, 5, 10**18)
+    mine(w3, 2)
+    receipt = training.anchor(prover, run, last_step, head)
+    mine(w3, 2)
+    return run, head, int(receipt["blockNumber"])
+
+
+def test_a_validator_requests_an_undrawn_step_and_the_prover_reads_it_at_its_next_anchor(net):
+    node, w3, training, validators, prover, _ = net
+    run, _, _ = anchored_quiet_run(w3, training, prover, b"request")
+    assert not training.is_audit_due(run, 0, 2)
+    with pytest.raises(ContractReverted) as e:
+        training.request_audit(dev_account(7), run, 0, 2)
+    assert e.value.error == "NotAValidator"
+    receipt = training.request_audit(validators[0], run, 0, 2)
+    gas = int(receipt["gasUsed"])
+    print(f"requestAudit gas {gas}")  # reported in docs/training.md
+    assert gas < 100_000
+    assert training.is_audit_due(run, 0, 2) and training.requested_at(run, 2) == receipt["blockNumber"]
+    [request] = training.get_audit_requests(run, 0)
+    assert (request.index, request.step, request.requester) == (0, 2, validators[0].address)
+    with pytest.raises(ContractReverted) as e:
+        training.request_audit(validators[1], run, 0, 2)
+    assert e.value.error == "AlreadyDue"
+    audits = ChainAudits(rpc_url=node.url, contract=training.address, prover_key=bytes(prover.key), run_id=run,
+                         final_step=10, anchor_every=5, draw_timeout_s=5.0)
+    with ThreadPoolExecutor(1) as pool:  # on_anchor waits for the draw: mine the blocks it waits for
+        served = pool.submit(audits.on_anchor, 6, 10, keccak256(b"head-10"))
+        while not served.done():
+            time.sleep(0.2)
+            mine(w3, 1)
+    assert served.result() == [2], "served with the next window's draw"
+    with pytest.raises(ContractReverted) as e:  # past the prover's K = 2m buffer
+        training.request_audit(validators[1], run, 0, 3)
+    assert e.value.error == "NotRunning"  # on_anchor finished the run after its last window
+
+
+def test_requests_per_anchor_are_capped_and_end_at_the_next_anchor(net):
+    _, w3, training, validators, prover, _ = net
+    run, _, _ = anchored_quiet_run(w3, training, prover, b"cap")
+    cap = training.max_requests()
+    for i in range(cap):
+        training.request_audit(validators[i % 3], run, 0, i)
+    with pytest.raises(ContractReverted) as e:
+        training.request_audit(validators[0], run, 0, cap)
+    assert e.value.error == "RequestsExhausted" and training.request_count(run, 0) == cap
+    training.anchor(prover, run, 10, keccak256(b"cap-10"))
+    mine(w3, 2)
+    with pytest.raises(ContractReverted) as e:
+        training.request_audit(validators[0], run, 0, 5)
+    assert e.value.error == "PastRequestHorizon"
