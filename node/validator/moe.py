@@ -333,17 +333,14 @@ class MoeDutyService:
             if ended is None or ended["why"] != "given up":
                 return None if ended is None or ended["why"] in ("opened", "opened by us") else f"unopened: {ended}"
             valid, reason = False, int(MoeReason.DUTY_DATA_UNAVAILABLE)  # the operator never served its opening
-        else:
-            results = {d: self.module.duty_result(iid, d) for d in self.module.drawable_duties(iid)}
-            failed = [d for d, r in results.items() if r is DutyResult.FAILED]
+        else:  # one log query per look: each duty settles once (DutySettled), a failed one with its reason
+            settled = self.module.get_events("DutySettled", opened.commit_block, argument_filters={"inferenceId": iid})
+            failed = [e for e in settled if not e["args"]["valid"]]
             if failed:
-                settled = self.module.get_events("DutySettled", opened.commit_block,
-                                                 argument_filters={"inferenceId": iid})
-                reasons = {int(e["args"]["duty"]): int(e["args"]["reason"]) for e in settled}
-                valid, reason = False, reasons.get(failed[0], int(MoeReason.MOE_MALFORMED))
+                valid, reason = False, int(failed[0]["args"]["reason"])
             elif opened.uncovered:
                 return "uncovered"  # no evidence either way: no vote, the inference settles unchecked
-            elif any(r is DutyResult.OPEN for r in results.values()):
+            elif len({int(e["args"]["duty"]) for e in settled}) < opened.duties - opened.uncovered:
                 return None
             else:
                 valid, reason = True, 0
