@@ -396,20 +396,10 @@ contract ExpertDuty is EIP712 {
         Opened storage op = opened[id];
         if (op.commitBlock == 0) revert NotAssigned(id);
         _requireWindow(op.commitBlock);
-        Holder[] memory holders; // the stake snapshot at the commit, read once per call if a duty is drawn here
-        bool loaded = false;
+        _storeDraws(id, op, votes); // every draw this call needs, stored before any vote can slash
         for (uint256 v; v < votes.length; ++v) {
             ExpertVote calldata vote = votes[v];
             Duty storage d = duties[id][vote.duty];
-            if (d.assigned == 0) {
-                if (!loaded) {
-                    holders = _holdersAt(op.modelId, uint256(op.commitBlock) - 1);
-                    loaded = true;
-                }
-                uint64 drawn = _assigned(id, op, vote.duty, holders);
-                if (drawn == 0) revert DutyNotAssigned(id, vote.duty);
-                d.assigned = drawn; // the draw, stored once: later votes and views read it
-            }
             bytes32 digest =
                 verdictDigest(id, vote.duty, op.moeRoot, vote.valid, vote.reason, vote.scoresDigest);
             address signer = ECDSA.recover(digest, vote.signature); // rejects high-s and malformed signatures
@@ -420,6 +410,23 @@ contract ExpertDuty is EIP712 {
             }
             emit ExpertVerdictRecorded(id, vote.duty, signer, vote.valid, vote.reason);
             _count(id, op, d, vote, bit);
+        }
+    }
+
+    /// @dev Store the draw of every voted duty not drawn yet (the stake snapshot at the commit read once).
+    function _storeDraws(uint256 id, Opened storage op, ExpertVote[] calldata votes) private {
+        Holder[] memory holders = new Holder[](0);
+        bool loaded = false;
+        for (uint256 v; v < votes.length; ++v) {
+            Duty storage d = duties[id][votes[v].duty];
+            if (d.assigned != 0) continue;
+            if (!loaded) {
+                holders = _holdersAt(op.modelId, uint256(op.commitBlock) - 1);
+                loaded = true;
+            }
+            uint64 drawn = _assigned(id, op, votes[v].duty, holders);
+            if (drawn == 0) revert DutyNotAssigned(id, votes[v].duty);
+            d.assigned = drawn; // the draw, stored once: later votes and views read it
         }
     }
 
