@@ -6,8 +6,9 @@ batch's token ids in, the declared causal-LM loss and one gradient per parameter
 `grad_local`, which the graph's `feeds` attribute names) — the replica's contribution
 `grad = grad_local · (1/N)`, its distributed form — the contribution all-reduced (summed) over the
 workers and the shadow, which is exactly the mean the job exchanges — and the declared optimiser
-update `buf = μ·buf + grad; θ = θ − lr·buf`. Exporting the tiny model's forward/backward takes
-FWD_BWD_TIMING and gives FWD_BWD_SIZE; see docs/training.md. The trace has one `step` and one
+update `buf = μ·buf + grad; θ = θ − lr·buf`. Exporting the forward/backward takes 4.5 s for the tiny
+model (744 ops, 68 kB of StableHLO text) and 219 s for SmolLM2-135M's shape (8,136 ops, 792 kB) on two
+CPU cores; an IREE replay matches torch autograd to 5.3e-7 (tiny); see docs/training.md. The trace has one `step` and one
 `collective` event per step and worker, a `commitment` per ledger entry, and `challenge`,
 `checkpoint` and `response` events for every audited step; the audited Z(t−1), Z(t), the batches
 and the sketches are stored as content-addressed tensors tied to those events.

@@ -98,7 +98,9 @@ def export_forward_backward(spec: RunSpec, *, attrs: tuple[tuple[str, str], ...]
     program = torch.export.export(_Loss(model, list(state)), tuple(args), strict=False)
     decompositions = {**get_decomposition_table(),
                       torch.ops.aten.slice_scatter.default: compute_slice_scatter}
-    gm = aot_export_joint_simple(program.module(), args, trace_joint=True, decompositions=decompositions)
+    gm = aot_export_joint_simple(program.module(), tuple(args), trace_joint=True, decompositions=decompositions)
+    if not isinstance(gm, torch.fx.GraphModule):  # typed as a callable; AOT returns the joint FX graph
+        raise InvalidObject(f"AOT autograd returned {type(gm).__name__}, not an FX graph", obj=GRAPH_NAME)
     _fold_seed_and_drop_none(gm)
     text = str(fx.stateless_fx_import(gm, output_type="stablehlo"))
     if "dense_resource" in text:
