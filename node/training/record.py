@@ -6,9 +6,10 @@ batch's token ids in, the declared causal-LM loss and one gradient per parameter
 `grad_local`, which the graph's `feeds` attribute names) — the replica's contribution
 `grad = grad_local · (1/N)`, its distributed form — the contribution all-reduced (summed) over the
 workers and the shadow, which is exactly the mean the job exchanges — and the declared optimiser
-update `buf = μ·buf + grad; θ = θ − lr·buf`. Exporting the forward/backward takes 4.5 s for the tiny
+update `buf = μ·buf + grad; θ = θ − lr·buf`. Exporting the forward/backward takes ≈ 4 s for the tiny
 model (744 ops, 68 kB of StableHLO text) and 219 s for SmolLM2-135M's shape (8,136 ops, 792 kB) on two
-CPU cores; an IREE replay matches torch autograd to 5.3e-7 (tiny); see docs/training.md. The trace has one `step` and one
+CPU cores (cached per shape and batch within a process, so the devnet's two runs export it once); an IREE
+replay matches torch autograd to 5.3e-7 (tiny); see docs/training.md. The trace has one `step` and one
 `collective` event per step and worker, a `commitment` per ledger entry, and `challenge`,
 `checkpoint` and `response` events for every audited step; the audited Z(t−1), Z(t), the batches
 and the sketches are stored as content-addressed tensors tied to those events.
@@ -26,7 +27,7 @@ import torch
 
 from node.training.job import get_response_dir
 from node.training.spec import RunSpec
-from node.training.train_graph import export_forward_backward
+from node.training.train_graph import get_forward_backward_graph
 from node.workload.export import export_function
 from node.workload.graph import compute_all_reduce_graph
 from node.workload.model import Device, Graph, Link, Trace, TraceEvent
@@ -70,7 +71,7 @@ def export_training_graphs(spec: RunSpec, n_params: int) -> tuple[Graph, Graph, 
                                           "lr": "input", "mu": "input"}).graph
     # the forward/backward's gradients, flattened and concatenated in parameter order, are grad_local
     feeds = (("feeds", f"{contribution.graph_id}:grad_local"), ("grad_local", "concat(grad.*) in output order"))
-    forward_backward = export_forward_backward(spec, attrs=feeds).graph
+    forward_backward = get_forward_backward_graph(spec.shape, spec.batch_per_worker, spec.seq_len, feeds)
     return forward_backward, contribution, distributed, update
 
 

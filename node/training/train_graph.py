@@ -20,6 +20,7 @@ graph, which torch-mlir's ``stateless_fx_import`` lowers to StableHLO. Three thi
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -30,10 +31,11 @@ from torch_mlir import fx
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
 from node.training.model import build_model
-from node.training.spec import RunSpec
+from node.training.spec import ModelShape, RunSpec
 from node.workload.errors import InvalidObject
 from node.workload.export import Exported, get_module_state
 from node.workload.graph import build_graph
+from node.workload.model import Graph
 
 log = logging.getLogger(__name__)
 GRAPH_NAME = "training.forward-backward"
@@ -111,3 +113,10 @@ def export_forward_backward(spec: RunSpec, *, attrs: tuple[tuple[str, str], ...]
     log.info("exported graph", extra={"graph": GRAPH_NAME, "graph_id": graph.graph_id, "ops": len(graph.ops)})
     return Exported(graph, {**state, "input_ids": ids})
 
+
+
+@functools.lru_cache(maxsize=4)
+def get_forward_backward_graph(shape: ModelShape, batch: int, seq_len: int,
+                               attrs: tuple[tuple[str, str], ...] = ()) -> Graph:
+    """Return the forward/backward graph of a shape and batch, exported once per process (SmolLM2's: minutes)."""
+    return export_forward_backward(RunSpec(shape=shape, batch_per_worker=batch, seq_len=seq_len), attrs=attrs).graph

@@ -10,7 +10,12 @@ from node.training.corpus import get_batch_ids, load_corpus
 from node.training.model import build_model, compute_declared_init, compute_local_gradient
 from node.training.record import export_training_graphs
 from node.training.spec import RunSpec
-from node.training.train_graph import GRAPH_NAME, compute_slice_scatter, export_forward_backward
+from node.training.train_graph import (
+    GRAPH_NAME,
+    compute_slice_scatter,
+    export_forward_backward,
+    get_forward_backward_graph,
+)
 
 SPEC = RunSpec(steps=4)
 # measured (tiny model, float32, IREE llvm-cpu vs torch autograd with SDPA, step 1's batch of rank 0):
@@ -47,15 +52,20 @@ def test_the_forward_backward_is_exported_with_weights_and_ids_as_inputs(exporte
     for s, p in zip(g.outputs[1:], params.values(), strict=True):
         assert tuple(s.shape) == tuple(p.shape)
     assert "stablehlo.dot_general" in g.mlir
+    # the weights are inputs: another initialisation exports the same graph (its id is stable across runs)
+    assert export_forward_backward(SPEC.model_copy(update={"init_seed": 3})).graph.graph_id == g.graph_id
 
 
 def test_the_training_graphs_chain_forward_backward_into_the_contribution():
-    fwd_bwd, contribution, distributed, update = export_training_graphs(SPEC, sum(
-        p.numel() for p in build_model(SPEC).parameters()))
+    n = sum(p.numel() for p in build_model(SPEC).parameters())
+    fwd_bwd, contribution, distributed, update = export_training_graphs(SPEC, n)
     attrs = dict(fwd_bwd.attrs)
     assert attrs["feeds"] == f"{contribution.graph_id}:grad_local"
     assert distributed.parent_id == contribution.graph_id and update.name == "training.sgd-momentum"
     assert fwd_bwd.graph_id not in {contribution.graph_id, distributed.graph_id, update.graph_id}
+    hits = get_forward_backward_graph.cache_info().hits
+    again = export_training_graphs(SPEC.model_copy(update={"init_seed": 5, "lsh_nonce": "11" * 32}), n)[0]
+    assert again.graph_id == fwd_bwd.graph_id and get_forward_backward_graph.cache_info().hits == hits + 1
 
 
 def test_iree_replay_of_the_graph_matches_torch_autograd(exported):
