@@ -4,8 +4,10 @@ torch.export cannot trace ``torch.func.grad`` or ``loss.backward()``, so the joi
 ``torch.export.export`` traces the forward (parameters, buffers and the batch's token ids as positional inputs,
 through the same ``functional_call`` lift as node.workload.export), then AOT autograd's
 ``aot_export_joint_simple(..., trace_joint=True)`` traces forward + backward of that ATen graph into one FX
-graph, which torch-mlir's ``stateless_fx_import`` lowers to StableHLO. Three things had to change on the way
-(torch 2.13, torch-mlir, transformers 5.24; see docs/training.md):
+graph, which torch-mlir's ``stateless_fx_import`` lowers to StableHLO (torch.export's own
+``experimental._export_forward_backward`` fails on this model: "Found a parameter that did not receive a
+gradient"). Three things had to change on the way (torch 2.13, torch-mlir, transformers 5.24; see
+docs/training.md):
 
 * attention is exported in its "eager" form (matmul, softmax, matmul) under an explicit additive causal mask:
   the SDPA kernel's backward (`_scaled_dot_product_flash_attention_for_cpu_backward`) has no torch-mlir
