@@ -116,7 +116,6 @@ def export_forward_backward(spec: RunSpec, *, attrs: tuple[tuple[str, str], ...]
     return Exported(graph, {**state, "input_ids": ids})
 
 
-
 @functools.lru_cache(maxsize=4)
 def get_forward_backward_graph(shape: ModelShape, batch: int, seq_len: int,
                                attrs: tuple[tuple[str, str], ...] = ()) -> Graph:
