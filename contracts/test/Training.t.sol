@@ -27,15 +27,27 @@ contract TrainingTest is Fixture {
     }
 
     function anchorNext(uint64 lastStep, bytes32 head) internal returns (uint256 index) {
-        (,,,,,,, uint32 n,,,,) = tr.runs(RUN);
+        return anchorOf(RUN, lastStep, head);
+    }
+
+    function anchorOf(bytes32 runId, uint64 lastStep, bytes32 head) internal returns (uint256 index) {
+        (,,,,,,, uint32 n,,,,) = tr.runs(runId);
         index = n;
         vm.roll(vm.getBlockNumber() + 2); // the window's beacon is the hash of a block already mined
         vm.prank(prover);
-        tr.anchor(RUN, lastStep, head);
+        tr.anchor(runId, lastStep, head);
     }
 
     function sig(uint256 key, uint64 step, bytes32 head, bool valid, uint16 reason) internal view returns (bytes memory) {
-        (uint8 v, bytes32 r, bytes32 s) = vm.sign(key, tr.verdictDigest(RUN, step, head, valid, reason));
+        return sigOf(RUN, key, step, head, valid, reason);
+    }
+
+    function sigOf(bytes32 runId, uint256 key, uint64 step, bytes32 head, bool valid, uint16 reason)
+        internal
+        view
+        returns (bytes memory)
+    {
+        (uint8 v, bytes32 r, bytes32 s) = vm.sign(key, tr.verdictDigest(runId, step, head, valid, reason));
         return abi.encodePacked(r, s, v);
     }
 
@@ -53,9 +65,18 @@ contract TrainingTest is Fixture {
         view
         returns (Training.Vote[] memory out)
     {
+        return votesOf(RUN, n, step, head, valid, reason);
+    }
+
+    /// @dev The votes of the first `n` fixture validators on a step of run `runId`.
+    function votesOf(bytes32 runId, uint256 n, uint64 step, bytes32 head, bool valid, uint16 reason)
+        internal
+        view
+        returns (Training.Vote[] memory out)
+    {
         out = new Training.Vote[](n);
         for (uint256 i; i < n; ++i) {
-            out[i] = vote(VAL_KEYS[i], step, head, valid, reason);
+            out[i] = Training.Vote({valid: valid, reason: reason, signature: sigOf(runId, VAL_KEYS[i], step, head, valid, reason)});
         }
     }
 
@@ -258,26 +279,6 @@ contract TrainingTest is Fixture {
         tr.registerRun{value: 2 ether}(QUIET, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, 1, 5);
     }
 
-    function anchorQuiet(uint64 lastStep, bytes32 head) internal returns (uint256 index) {
-        (,,,,,,, uint32 n,,,,) = tr.runs(QUIET);
-        index = n;
-        vm.roll(vm.getBlockNumber() + 2);
-        vm.prank(prover);
-        tr.anchor(QUIET, lastStep, head);
-    }
-
-    function quietVotes(uint256 n, uint64 step, bytes32 head, bool valid, uint16 reason)
-        internal
-        view
-        returns (Training.Vote[] memory out)
-    {
-        out = new Training.Vote[](n);
-        for (uint256 i; i < n; ++i) {
-            (uint8 v, bytes32 r, bytes32 s) = vm.sign(VAL_KEYS[i], tr.verdictDigest(QUIET, step, head, valid, reason));
-            out[i] = Training.Vote({valid: valid, reason: reason, signature: abi.encodePacked(r, s, v)});
-        }
-    }
-
     function request(address who, bytes32 run, uint256 index, uint64 step) internal {
         vm.prank(who);
         tr.requestAudit(run, index, step);
@@ -286,7 +287,7 @@ contract TrainingTest is Fixture {
     function test_onlyAValidatorWeightedAtTheAnchorMayRequest() public {
         registerQuiet();
         uint256 lateKey = 0xD00D;
-        uint256 index = anchorQuiet(5, keccak256("q5"));
+        uint256 index = anchorOf(QUIET, 5, keccak256("q5"));
         bondAs(vm.addr(lateKey), Staking.Role.Validator, 50 ether); // after the anchor: no weight at its block − 1
         vm.roll(vm.getBlockNumber() + 2);
         vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, prover));
@@ -301,7 +302,7 @@ contract TrainingTest is Fixture {
 
     function test_requestsPerAnchorAreCappedAcrossValidators() public {
         registerQuiet();
-        uint256 index = anchorQuiet(5, keccak256("q5"));
+        uint256 index = anchorOf(QUIET, 5, keccak256("q5"));
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[0], QUIET, index, 1);
         request(vals[1], QUIET, index, 2);
@@ -309,7 +310,7 @@ contract TrainingTest is Fixture {
         vm.expectRevert(abi.encodeWithSelector(Training.RequestsExhausted.selector, index, MAX_REQUESTS));
         request(vals[2], QUIET, index, 3);
         // the cap is per anchor: the next window has its own
-        uint256 next = anchorQuiet(10, keccak256("q10"));
+        uint256 next = anchorOf(QUIET, 10, keccak256("q10"));
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[2], QUIET, next, 7);
         assertEq(tr.requestCount(QUIET, next), 1, "own count");
@@ -317,7 +318,7 @@ contract TrainingTest is Fixture {
 
     function test_aRequestNeedsTheDrawAndEndsAtTheNextAnchorOrTheRunsEnd() public {
         registerQuiet();
-        uint256 index = anchorQuiet(5, keccak256("q5"));
+        uint256 index = anchorOf(QUIET, 5, keccak256("q5"));
         vm.expectRevert(abi.encodeWithSelector(Training.DrawNotReady.selector, block.number + 2));
         request(vals[0], QUIET, index, 1);
         vm.roll(vm.getBlockNumber() + 2);
@@ -325,7 +326,7 @@ contract TrainingTest is Fixture {
         request(vals[0], QUIET, index, 6);
         vm.expectRevert(abi.encodeWithSelector(Training.PastRequestHorizon.selector, index + 1, 1));
         request(vals[0], QUIET, index + 1, 6);
-        uint256 next = anchorQuiet(10, keccak256("q10"));
+        uint256 next = anchorOf(QUIET, 10, keccak256("q10"));
         vm.roll(vm.getBlockNumber() + 2);
         // window 0's states past Z(e−m) leave the prover's K = 2m buffer once it trains past anchor 1
         vm.expectRevert(abi.encodeWithSelector(Training.PastRequestHorizon.selector, index, 2));
@@ -355,15 +356,15 @@ contract TrainingTest is Fixture {
     function test_aRequestedStepSettledInvalidForfeitsTheBond() public {
         registerQuiet();
         bytes32 head = keccak256("q5");
-        uint256 index = anchorQuiet(5, head);
+        uint256 index = anchorOf(QUIET, 5, head);
         vm.roll(vm.getBlockNumber() + 2);
-        Training.Vote[] memory early = quietVotes(2, 3, head, false, 709);
+        Training.Vote[] memory early = votesOf(QUIET, 2, 3, head, false, 709);
         vm.expectRevert(abi.encodeWithSelector(Training.NotAudited.selector, QUIET, uint64(3)));
         tr.submitVotes(QUIET, index, 3, early); // not due before the request
         request(vals[0], QUIET, index, 3);
-        tr.submitVotes(QUIET, index, 3, quietVotes(1, 3, head, false, 709));
+        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 1, 3, head, false, 709));
         assertEq(tr.auditResult(QUIET, 3), 0, "the requester alone settles nothing");
-        tr.submitVotes(QUIET, index, 3, quietVotes(2, 3, head, false, 709));
+        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, head, false, 709));
         assertEq(tr.auditResult(QUIET, 3), 2, "failed");
         (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(slashed && bond == 0, "slashed");
@@ -373,10 +374,10 @@ contract TrainingTest is Fixture {
     function test_aRequestedStepSettledValidKeepsTheBond() public {
         registerQuiet();
         bytes32 head = keccak256("q5");
-        uint256 index = anchorQuiet(5, head);
+        uint256 index = anchorOf(QUIET, 5, head);
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[0], QUIET, index, 3);
-        tr.submitVotes(QUIET, index, 3, quietVotes(2, 3, head, true, 0));
+        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, head, true, 0));
         assertEq(tr.auditResult(QUIET, 3), 1, "passed");
         (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(!slashed && bond == 2 ether, "bond kept");
@@ -385,11 +386,11 @@ contract TrainingTest is Fixture {
     function test_lateOnARequestedStepSlashes() public {
         registerQuiet();
         bytes32 head = keccak256("q5");
-        uint256 index = anchorQuiet(5, head);
+        uint256 index = anchorOf(QUIET, 5, head);
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[1], QUIET, index, 4);
         vm.roll(vm.getBlockNumber() + 20); // the prover never served it
-        tr.submitVotes(QUIET, index, 4, quietVotes(2, 4, head, false, tr.LATE_RESPONSE()));
+        tr.submitVotes(QUIET, index, 4, votesOf(QUIET, 2, 4, head, false, tr.LATE_RESPONSE()));
         assertEq(tr.auditResult(QUIET, 4), 2, "late is a failed audit");
         (,,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(slashed, "slashed");
@@ -398,16 +399,16 @@ contract TrainingTest is Fixture {
     function test_aRequestedStepsVerdictWindowCountsFromTheRequest() public {
         registerQuiet();
         bytes32 head = keccak256("q5");
-        uint256 index = anchorQuiet(5, head);
+        uint256 index = anchorOf(QUIET, 5, head);
         (,, uint64 anchorBlock,,) = tr.anchors(QUIET, index);
         vm.roll(uint256(anchorBlock) + 90);
         request(vals[0], QUIET, index, 2);
         uint256 deadline = block.number + 100;
         assertEq(tr.verdictDeadline(QUIET, index, 2), deadline, "request block + verdictWindow");
         vm.roll(uint256(anchorBlock) + 1 + 100 + 1); // a drawn step's window would be over
-        tr.submitVotes(QUIET, index, 2, quietVotes(1, 2, head, false, 712));
+        tr.submitVotes(QUIET, index, 2, votesOf(QUIET, 1, 2, head, false, 712));
         vm.roll(deadline + 1);
-        Training.Vote[] memory late = quietVotes(2, 2, head, false, 712);
+        Training.Vote[] memory late = votesOf(QUIET, 2, 2, head, false, 712);
         vm.expectRevert(abi.encodeWithSelector(Training.DrawExpired.selector, deadline));
         tr.submitVotes(QUIET, index, 2, late);
         assertEq(tr.auditResult(QUIET, 2), 0, "unsettled after its window");

@@ -164,13 +164,14 @@ async def _run(net: Net, runners: list[Any], slices: MoeSliceStore, expected: in
         raise errors[0]
 
 
-def _network(net: Net, tiny: tuple[Path, Any], tmp: Path,
-             cheat: ExpertKey | None = None) -> tuple[Opened, list[MoeDutyService], int, int]:
-    """Return an opened inference, one duty service per validator, how many verdicts its draw asks, the port."""
+def _network(net: Net, tiny: tuple[Path, Any], tmp: Path, cheat: ExpertKey | None = None, assign: bool = True,
+             model_id: bytes | None = None) -> tuple[Opened, list[MoeDutyService], int, int]:
+    """Return an inference (opened unless `assign` is False), one duty service per validator (opening and voting
+    for `model_id`), how many verdicts its draw asks, the port."""
     folder, model = tiny
-    opened = _open_inference(net, model, cheat)
+    opened = _open_inference(net, model, cheat, assign)
     url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp)
+    services = _services(net, opened, folder, model, url, tmp, model_id)
     return opened, services, sum(len(a) for a in opened.drawn.values()), port
 
 
@@ -215,10 +216,7 @@ def test_honest_duties_are_judged_from_fetched_slices_and_all_pass(net: Net, tin
 
 def test_the_committee_opens_a_committed_inference_from_the_operators_opening_then_judges_it(
         net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
-    folder, model = tiny
-    opened = _open_inference(net, model, assign=False)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path, model_id=MODEL_ID)
+    opened, services, _, port = _network(net, tiny, tmp_path, assign=False, model_id=MODEL_ID)
     c = opened.served.commitment
     duties = sum(1 for k in c.expert_keys() if c.leaves_of(k)) + c.num_layers + 1
     try:
@@ -241,10 +239,7 @@ def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent_and_is_vo
         net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
     import dataclasses
 
-    folder, model = tiny
-    opened = _open_inference(net, model, assign=False)
-    url, port = _url_and_port()
-    services = _services(net, opened, folder, model, url, tmp_path, model_id=MODEL_ID)
+    opened, services, _, port = _network(net, tiny, tmp_path, assign=False, model_id=MODEL_ID)
     forged = MoeSliceStore()  # the operator serves an opening with another dense fingerprint hash
     forged.put(opened.iid, dataclasses.replace(opened.served, fingerprint_hash=keccak256(b"another")))
     key = _open_key(opened.iid)
