@@ -186,8 +186,7 @@ class MoeDutyService:
                 continue
             iid = int(event.args["inferenceId"])
             key = _learn_key(iid)
-            if self.store.get_record(LEARN, key) is None and self.store.get_record(LEARN_DONE, key) is None:
-                self.store.put_record(LEARN, key, {"inference_id": iid})
+            if self._record_job(LEARN, LEARN_DONE, key, {"inference_id": iid}):
                 self.learns.put_nowait(iid)
 
     async def _learn_loop(self, stop: asyncio.Event) -> None:
@@ -208,11 +207,9 @@ class MoeDutyService:
             attempts.pop(iid, None)
             for duty in mine:
                 job = DutyJob(iid, duty)
-                if self.store.get_record(JOB, job.key) is None and self.store.get_record(DONE, job.key) is None:
-                    self.store.put_record(JOB, job.key, asdict(job))
+                if self._record_job(JOB, DONE, job.key, asdict(job)):
                     self.queue.put_nowait(job)
-            self.store.put_record(LEARN_DONE, _learn_key(iid), {"duties": len(mine), "at": int(time.time())})
-            self.store.delete_record(LEARN, _learn_key(iid))
+            self._end_job(LEARN, LEARN_DONE, _learn_key(iid), {"duties": len(mine)})
 
     async def _on_commits(self, events: list[ChainEvent], reorg: Reorg | None) -> None:
         """Record an open job for every committed inference (its model is checked when the job runs)."""
@@ -221,11 +218,10 @@ class MoeDutyService:
                 continue
             iid = int(event.args["inferenceId"])
             key = _open_key(iid)
-            if self.store.get_record(OPEN, key) is None and self.store.get_record(OPEN_DONE, key) is None:
-                self.store.put_record(OPEN, key, {
+            if self._record_job(OPEN, OPEN_DONE, key, {
                     "inference_id": iid, "output_hash": Web3.to_hex(event.args["outputHash"]),
                     "artifact_root": Web3.to_hex(event.args["artifactRoot"]),
-                    "fingerprint_hash": Web3.to_hex(event.args["fingerprintHash"])})
+                    "fingerprint_hash": Web3.to_hex(event.args["fingerprintHash"])}):
                 self.opens.put_nowait(iid)
 
     # ---- opening ----------------------------------------------------------------------------------
@@ -247,8 +243,7 @@ class MoeDutyService:
                     continue
                 why = exc.error if isinstance(exc, ContractReverted) and final else "given up"
             attempts.pop(iid, None)
-            self.store.put_record(OPEN_DONE, _open_key(iid), {"why": why, "at": int(time.time())})
-            self.store.delete_record(OPEN, _open_key(iid))
+            self._end_job(OPEN, OPEN_DONE, _open_key(iid), {"why": why})
             log.info("MoE open job ended: %s", why, extra={"inference_id": iid})
 
     async def open_one(self, session: aiohttp.ClientSession, iid: int) -> str:
@@ -266,10 +261,8 @@ class MoeDutyService:
         if self.account.address not in committee:  # its committee opens and votes: a bounded set of senders
             return "not on its committee"
         job = self.store.get_record(OPEN, _open_key(iid))
-        if job is not None and self.store.get_record(VOTE, _open_key(iid)) is None and \
-                self.store.get_record(VOTE_DONE, _open_key(iid)) is None:
-            self.store.put_record(VOTE, _open_key(iid), job)  # the hub verdict follows the duties (vote loop)
-            self.votes.put_nowait(iid)
+        if job is not None and self._record_job(VOTE, VOTE_DONE, _open_key(iid), job):
+            self.votes.put_nowait(iid)  # the hub verdict follows the duties (vote loop)
         if (await asyncio.to_thread(self.module.opened, iid)).commit_block != 0:
             return "opened"
         url = self.executers.get(Web3.to_checksum_address(inf.operator))
@@ -314,8 +307,7 @@ class MoeDutyService:
             if why is None:  # duties still open: look again soon
                 asyncio.get_running_loop().call_later(max(5 * self.poll_interval, 0.5), self.votes.put_nowait, iid)
                 continue
-            self.store.put_record(VOTE_DONE, _open_key(iid), {"why": why, "at": int(time.time())})
-            self.store.delete_record(VOTE, _open_key(iid))
+            self._end_job(VOTE, VOTE_DONE, _open_key(iid), {"why": why})
             log.info("MoE hub vote job ended: %s", why, extra={"inference_id": iid})
 
     def vote_one(self, iid: int) -> str | None:
@@ -497,9 +489,20 @@ class MoeDutyService:
                                                      "invalid": sum(not s.valid for s in stored)})
         return True
 
+    def _record_job(self, kind: str, done: str, key: int, value: dict[str, Any]) -> bool:
+        """Record a durable job unless it is pending or ended already; return whether it is new."""
+        if self.store.get_record(kind, key) is not None or self.store.get_record(done, key) is not None:
+            return False
+        self.store.put_record(kind, key, value)
+        return True
+
+    def _end_job(self, kind: str, done: str, key: int, outcome: dict[str, Any]) -> None:
+        """Record how a job ended (synced), then drop it from the pending ones."""
+        self.store.put_record(done, key, {**outcome, "at": int(time.time())})
+        self.store.delete_record(kind, key)
+
     def _finish(self, job: DutyJob, why: str) -> None:
-        self.store.put_record(DONE, job.key, {"why": why, "at": int(time.time())})
-        self.store.delete_record(JOB, job.key)
+        self._end_job(JOB, DONE, job.key, {"why": why})
         self._attempts.pop(job.key, None)
 
 
