@@ -13,8 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from chain.moe import MoeOpening
-from node.moe.serve import MoeSliceStore, ServedMoe, compute_opening
+from node.moe.serve import MoeSliceStore, ServedMoe
 from node.moe.trace import build_commitment, record_trace
 from node.protocol.moe import compute_moe_fingerprint_hash
 
@@ -39,11 +38,6 @@ class MoeRecorder:
         log.info("MoE commitment recorded", extra={"inference_id": hex(inference_id),
                                                    "leaves": sum(len(v) for v in commitment.experts.values())})
         return compute_moe_fingerprint_hash(fingerprint_hash, commitment.root())
-
-    def opening(self, inference_id: int) -> MoeOpening | None:
-        """Return what opens a kept inference's moeRoot on the module, None if not kept."""
-        served = self.slices.get(inference_id)
-        return None if served is None else compute_opening(served)
 
 
 __all__ = ["MoeRecorder"]
