@@ -13,6 +13,7 @@ from node.checks.projection import ProjectionThresholds
 from node.checks.stock_decision import StockThresholds
 from node.engines.models import REPO_ROOT, ModelSpec
 from node.errors import FatalError, Reason
+from node.protocol.projection import LAST_HIDDEN
 
 
 class ProfileMeta(BaseModel):
@@ -72,8 +73,8 @@ class Stage2Section(ThresholdSection):
     max_kept_mass_t: float = float("inf")
 
 
-class ProjectionSection(BaseModel):
-    """Projection-fingerprint (kind 1) thresholds: calibrated by scripts/calibrate_projection.py."""
+class ProjectionSourceSection(BaseModel):
+    """One source's projection thresholds: flat and per length."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -87,6 +88,31 @@ class ProjectionSection(BaseModel):
         if any(n < 1 or t <= 0 for n, t in value.items()):
             raise ValueError("by_length: lengths must be >= 1 and thresholds > 0")
         return value
+
+    def thresholds(self) -> ProjectionThresholds:
+        """Return these thresholds for the decision."""
+        return ProjectionThresholds(self.max_distance, dict(self.by_length))
+
+
+class ProjectionSection(ProjectionSourceSection):
+    """Projection-fingerprint (kind 1) thresholds: calibrated by scripts/calibrate_projection.py. The flat and
+    per-length ones apply to every source without a [projection.by_source."<source>"] table of its own
+    ("last" for the last hidden state, or a decoder layer's number)."""
+
+    by_source: dict[str, ProjectionSourceSection] = Field(default_factory=dict)
+
+    @field_validator("by_source")
+    @classmethod
+    def _sources(cls, value: dict[str, ProjectionSourceSection]) -> dict[str, ProjectionSourceSection]:
+        """Check that every key names a source: "last" or a decoder layer number below 255."""
+        if any(k != "last" and not (k.isdigit() and int(k) < LAST_HIDDEN) for k in value):
+            raise ValueError('by_source: keys are "last" or a decoder layer number')
+        return value
+
+    def thresholds(self) -> ProjectionThresholds:
+        """Return the thresholds for the decision, each source's own where the profile has them."""
+        by_source = {LAST_HIDDEN if k == "last" else int(k): v.thresholds() for k, v in self.by_source.items()}
+        return ProjectionThresholds(self.max_distance, dict(self.by_length), by_source)
 
 
 class StockSection(ThresholdSection):
@@ -123,7 +149,7 @@ class ModelProfile(BaseModel):
         """Return the projection-fingerprint thresholds, or None if this profile has none (kind 1 not calibrated)."""
         if self.projection is None:
             return None
-        return ProjectionThresholds(self.projection.max_distance, dict(self.projection.by_length))
+        return self.projection.thresholds()
 
     def fingerprint_thresholds(self) -> FingerprintThresholds:
         """Return the fingerprint thresholds for the decision (a profile without them is a stock sampler's)."""
@@ -147,6 +173,13 @@ def load_profile(spec: ModelSpec) -> tuple[Path, ModelProfile]:
     path = REPO_ROOT / spec.profile
     try:
         with path.open("rb") as f:
-            return path, ModelProfile.model_validate(tomllib.load(f))
+            profile = ModelProfile.model_validate(tomllib.load(f))
     except (OSError, tomllib.TOMLDecodeError, ValueError) as exc:
         raise FatalError(f"cannot load profile {path}: {exc}", Reason.UNKNOWN_MODEL) from exc
+    if profile.projection is not None and profile.projection.by_source:
+        registered = {str(x) for x in spec.projection.layers} if spec.projection is not None else set()
+        if not set(profile.projection.by_source) <= registered:
+            raise FatalError(f"profile {path} has projection thresholds for sources "
+                             f"{sorted(profile.projection.by_source)} but {spec.name} registers {sorted(registered)}",
+                             Reason.UNKNOWN_MODEL)
+    return path, profile

@@ -1,17 +1,21 @@
-"""Measure projection fingerprints (protocol v2) against TOPLOC (v1) on the real SmolLM2-135M, bf16 profile.
+"""Measure projection fingerprints (protocol v2) against TOPLOC (v1) on a real registered model and precision.
 
-Phase ``record`` runs honest bf16 operators (threads2, threads1, nocache, batch4: the bf16 profile's
-honest variation) and cheaters (weight noise 0.1 / 0.3 / 1 % and 0.1 % formed in float32, int8, a
-skipped layer, the v1-fitting attack: the last four layers replaced by fitted linear maps whose last
-hidden state is fitted to the real one on public prompts), each checked by one fp32 validator prefill
-and one bf16 validator prefill. Per run it stores the
-executer's and the validator's last hidden state and decoder layers LAYERS (npz under --dir).
+Phase ``record`` runs honest operators at the claimed precision (--model, --dtype; default SmolLM2-135M
+claimed in bf16) — threads2, threads1, nocache, batch4: the profile's honest variation — and cheaters
+(weight noise 0.1 / 0.3 / 1 %, for bf16 also 0.1 % formed in float32; int8; a skipped layer; for fp32
+claims bf16 execution; the v1-fitting attack: the last four layers replaced by fitted linear maps whose
+last hidden state is fitted to the real one on public prompts), each checked by one fp32 validator
+prefill and one prefill at the claimed precision (the same one for fp32 claims). Per run it stores the
+executer's and the validator's last hidden state and the recorded decoder layers (layers 0–7 and three
+deeper ones, `recorded_layers`; npz under --dir).
 Phase ``analyse`` computes, for every fingerprint config (layers, k, bits), the per-run distance at
 16 / 32 / 64 tokens, chooses a threshold on the calibration half's honest runs (fit.py's pooled rule:
 mean + 6 sd, at least 1.25 × the largest), and reports held-out false positives and detection, beside
 TOPLOC with the bf16 profile's thresholds; it writes JSON and a markdown table.
 Usage: OMP_WAIT_POLICY=PASSIVE nice -n 10 python scripts/calibrate_projection.py record --prompts 12
-       python scripts/calibrate_projection.py analyse
+       python scripts/calibrate_projection.py analyse --validator bf16
+       (another campaign: record --model gemma-3-270m --dtype float32 --dir /tmp/s5/gemma, then analyse
+       --validator fp32 --dir /tmp/s5/gemma)
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from node.engines.base import GenerationRequest
 from node.engines.models import get_model_spec, materialise_model
 from node.engines.tokenizer import ModelTokenizer
 from node.engines.transformers_engine import TransformersEngine
+from node.profiles import load_profile
 from node.protocol.fingerprint import build_fingerprint, verify_fingerprint
 from node.protocol.hashing import keccak256
 from node.protocol.projection import (
@@ -52,17 +57,25 @@ from node.protocol.projection import (
 )
 from node.protocol.seed import run_seed
 
-MODEL = "smollm2-135m-instruct"
-LAYERS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 21, 28)  # decoder layers recorded besides the last hidden state (SmolLM2 has 30)
-FIT_SKIPPED = (26, 27, 28, 29)
 HONEST = ("threads2", "threads1", "nocache", "batch4")
-ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1", "noise-0.1pct-f32")
+ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1", "noise-0.1pct-f32",
+           "bf16-as-fp32")
 REPORTED = (*ATTACKS, "int8-fitted")
+LAYERS: list[int] = []  # the recorded decoder layers of the campaign (set by record, or read from the runs)
 LENGTHS = (16, 32, 64)
-TOPLOC_BF16 = {"exp": 25, "mant": 15.418803418803419, "sign": 11}  # config/profiles/…bfloat16.toml [fingerprint]
 POOLED_SIGMAS = 6.0
 VALIDATOR = ["val"]  # "val": the fp32 validator's prefill; "bf16": a validator at the claimed precision
 DEFAULT_DIR = Path("/tmp/s5/runs")
+
+
+def recorded_layers(num_layers: int) -> tuple[int, ...]:
+    """Return the decoder layers a campaign records: 0–7 and three deeper ones (SmolLM2's 30: 14, 21, 28)."""
+    return (*range(8), num_layers // 2 - 1, (3 * num_layers) // 4 - 1, num_layers - 2)
+
+
+def fit_skipped(num_layers: int) -> tuple[int, ...]:
+    """Return the layers the v1-fitting attack replaces: the last four."""
+    return tuple(range(num_layers - 4, num_layers))
 
 
 class _FittedLayer(torch.nn.Module):
@@ -110,7 +123,9 @@ def make_fit_v1_engine(real: TransformersEngine, lab: Lab, prompts: range) -> Tr
     """Return the cheap model: layers FIT_SKIPPED dropped, one affine map fitted in their place, and an affine
     correction of the final norm's output fitted to the real last hidden state, on public prompts."""
     probe = copy.copy(real)
-    probe.options = type(real.options)(**{**real.options.__dict__, "record_layers": (FIT_SKIPPED[0] - 1, 28)})
+    n = real.model.config.num_hidden_layers
+    skipped = fit_skipped(n)
+    probe.options = type(real.options)(**{**real.options.__dict__, "record_layers": (skipped[0] - 1, n - 2)})
     texts = [(request[0], gen.output_ids) for request, gen in zip(*_batch(real, lab, "public", "fit", prompts),
                                                                    strict=True)]
     pres = [probe.prefill(ids, out) for ids, out in texts]
@@ -118,11 +133,12 @@ def make_fit_v1_engine(real: TransformersEngine, lab: Lab, prompts: range) -> Tr
     w_mid = _ridge(x, np.concatenate([p.layers[1] for p in pres if p.layers is not None]))
     model = copy.deepcopy(real.model)
     layers = model.get_decoder().layers
-    layers[FIT_SKIPPED[0]] = _Affine(w_mid)  # stands for layers 26..29 (its output is what layer 28 claims)
-    for j in FIT_SKIPPED[1:]:
+    layers[skipped[0]] = _Affine(w_mid)  # stands for the last four layers (its output is what layer n − 2 claims)
+    for j in skipped[1:]:
         layers[j] = _SkippedLayer()
     cheap = copy.copy(real)
     cheap.model, cheap.decoder, cheap.lm_head = model, model.get_decoder(), model.get_output_embeddings()
+    cheap.fast_prefill = False  # its layers are no longer a stock Llama decoder's
     normed = np.concatenate([cheap.prefill(ids, out).hidden for ids, out in texts])
     w_last = _Affine(_ridge(normed, np.concatenate([p.hidden for p in pres])))
     cheap.decoder.norm = torch.nn.Sequential(cheap.decoder.norm, w_last)
@@ -139,29 +155,39 @@ def _batch(engine: Any, lab: Lab, kind: str, name: str, indices: range | list[in
     return requests, gens
 
 
-def build(prompts: int) -> tuple[Lab, dict[str, Any]]:
-    """Return the lab (fp32 validator, bf16 honest) and every generator, all recording LAYERS."""
-    spec = get_model_spec(MODEL)
+def build(model: str, dtype: str, attacks: bool = True) -> tuple[Lab, dict[str, Any]]:
+    """Return the lab (fp32 validator, honest at the claimed precision) and every generator, all recording
+    the campaign's layers (LAYERS, set here from the model's depth)."""
+    spec = get_model_spec(model)
     files = materialise_model(spec)
-    opts = {"record_layers": LAYERS}
-    validator = load_engine(files.path, MODEL, **opts)
-    honest = load_engine(files.path, MODEL, dtype="bfloat16", **opts)
+    probe = load_engine(files.path, model)
+    LAYERS[:] = recorded_layers(probe.model.config.num_hidden_layers)
+    opts = {"record_layers": tuple(LAYERS)}
+    validator = load_engine(files.path, model, **opts)
+    honest = validator if dtype == "float32" else load_engine(files.path, model, dtype=dtype, **opts)
     lab = Lab(files, ModelTokenizer(files.path, spec.chat), validator, {}, load_prompts(), 64, honest=honest,
-              dtype="bfloat16")
+              dtype=dtype)
     gens: dict[str, Any] = {
-        "threads2": honest, "nocache": load_engine(files.path, MODEL, dtype="bfloat16", kv_cache=False, **opts),
+        "threads2": honest, "nocache": load_engine(files.path, model, dtype=dtype, kv_cache=False, **opts)}
+    if not attacks:
+        return lab, gens
+    gens |= {
         "noise-0.1pct": make_noisy_engine(honest, 0.001, seed=7),
         "noise-0.3pct": make_noisy_engine(honest, 0.003, seed=7),
         "noise-1pct": make_noisy_engine(honest, 0.01, seed=7),
-        "noise-0.1pct-f32": make_noisy_engine_f32(honest, 0.001, seed=7), "int8": make_int8_engine(validator),
-        "skip-layer": make_skip_layer_engine(honest, layer=15),
+        "int8": make_int8_engine(validator),
+        "skip-layer": make_skip_layer_engine(honest, layer=probe.model.config.num_hidden_layers // 2),
         # fitted on public prompts the campaign never uses (the last 8 of the prompt set)
         "fit-v1": make_fit_v1_engine(honest, lab, range(len(lab.prompts) - 8, len(lab.prompts))),
     }
+    if dtype == "bfloat16":
+        gens["noise-0.1pct-f32"] = make_noisy_engine_f32(honest, 0.001, seed=7)
+    else:
+        gens["bf16-as-fp32"] = load_engine(files.path, model, dtype="bfloat16", **opts)
     return lab, gens
 
 
-def record(out: Path, prompts: int) -> None:
+def record(out: Path, prompts: range, model: str, dtype: str, attacks: bool = True) -> None:
     """Run honest and attack arms not yet recorded; store hidden states per run.
 
     Honest single-request variants generate one request at a time; batch4 in batches of four; each
@@ -169,25 +195,28 @@ def record(out: Path, prompts: int) -> None:
     """
     torch.set_num_threads(1)  # the machine is shared: one thread, except the threads2 arm
     out.mkdir(parents=True, exist_ok=True)
-    lab, gens = build(prompts)
+    lab, gens = build(model, dtype, attacks)
 
     def save(spec: RunSpec, ids: tuple[int, ...], gen: Any) -> None:
         pre = lab.validator.prefill(ids, gen.output_ids)
-        own = lab.honest.prefill(ids, gen.output_ids)  # a validator at the claimed precision (bf16 weights)
+        # a validator at the claimed precision ("bf16_*" keys whatever the precision: the first campaign's names)
+        own = pre if lab.honest is lab.validator else lab.honest.prefill(ids, gen.output_ids)
         path = out / (spec.key.replace("/", "_") + ".npz")
         np.savez(path, exec_hidden=gen.hidden, exec_layers=np.asarray(gen.layers),
                  val_hidden=pre.hidden, val_layers=np.asarray(pre.layers), bf16_hidden=own.hidden,
                  bf16_layers=np.asarray(own.layers),
                  output_ids=np.array(gen.output_ids), prompt_ids=np.array(ids), prompt_rows=len(ids), key=spec.key,
-                 kind=spec.kind, name=spec.name)
+                 kind=spec.kind, name=spec.name, layers=np.array(LAYERS), model=lab.files.spec.name, dtype=dtype)
         print(spec.key, file=sys.stderr, flush=True)
 
     def done(kind: str, name: str, i: int) -> bool:
         return (out / f"{kind}_{name}_{i}.npz").exists()
 
     for name in ("threads2", *ATTACKS, "batch4", "nocache", "threads1"):
+        if name not in gens and name not in HONEST:
+            continue
         kind = "honest" if name in HONEST else "attack"
-        todo = [i for i in range(prompts) if not done(kind, name, i)]
+        todo = [i for i in prompts if not done(kind, name, i)]
         if not todo:
             continue
         if kind == "attack":
@@ -221,29 +250,38 @@ def source_rows(run: Any, side: str, layer: str) -> np.ndarray:
     return np.asarray(np.asarray(run[f"{side}_layers"])[LAYERS.index(int(layer))])
 
 
-def toploc_caught(run: Any, rows: int) -> bool:
-    """Return whether TOPLOC with the bf16 profile's thresholds rejects the run's first `rows` rows."""
+def toploc_thresholds() -> Any:
+    """Return the TOPLOC (v1) thresholds of the registered entry's profile: the baseline v2 is compared with."""
+    profile = load_profile(get_model_spec(REGISTERED[0]))[1].fingerprint
+    if profile is None:
+        raise SystemExit(f"{REGISTERED[0]}'s profile has no [fingerprint] section")
+    return profile
+
+
+def toploc_caught(run: Any, rows: int, t: Any) -> bool:
+    """Return whether TOPLOC with the profile's thresholds (compared with the fp32 validator, as deployed)
+    rejects the run's first `rows` rows."""
     p = int(run["prompt_rows"])
-    ms = verify_fingerprint(run[f"{VALIDATOR[0]}_hidden"][:rows], p, build_fingerprint(run["exec_hidden"][:rows], p))
-    return any(m.exponent_mismatches > TOPLOC_BF16["exp"] or m.mantissa_error_mean > TOPLOC_BF16["mant"]
-               or m.sign_mismatches > TOPLOC_BF16["sign"] for m in ms)
+    ms = verify_fingerprint(run["val_hidden"][:rows], p, build_fingerprint(run["exec_hidden"][:rows], p))
+    return any(m.exponent_mismatches > t.max_exponent_mismatches or m.mantissa_error_mean > t.max_mantissa_error_mean
+               or m.sign_mismatches > t.max_sign_mismatches for m in ms)
 
 
-def distance(run: Any, layers: tuple[str, ...], k: int, bits: int, tokens: int, seed: bytes) -> float:
-    """Return the mean projection distance over the rows the protocol projects for `tokens` generated tokens
-    (rows P − 1 … P + tokens − 2: the last prompt row and the fed-back ones), k dims split over the layers."""
+def source_distances(run: Any, layers: tuple[str, ...], k: int, bits: int, tokens: int, seed: bytes) -> list[float]:
+    """Return per source the projection distance over the rows the protocol projects for `tokens` generated
+    tokens (rows P − 1 … P + tokens − 2: the last prompt row and the fed-back ones), k dims split over the
+    sources. The decision (node.checks.projection) holds each source to its own threshold."""
     per = k // len(layers)
     first = int(run["prompt_rows"]) - 1
-    rows = tokens
-    total = 0.0
+    out = []
     for j, layer in enumerate(layers):
         ex = source_rows(run, "exec", layer)[first:first + tokens]
         va = source_rows(run, VALIDATOR[0], layer)[first:first + tokens]
         matrix = compute_projection_matrix(compute_source_seed(seed, j), per, ex.shape[1])
         blob = compute_projected_fingerprint(ex, matrix, bits)
-        codes = decode_projected_fingerprint(blob, rows, per, bits)
-        total += compute_projection_distance(codes, va, matrix, bits)
-    return total / len(layers)
+        codes = decode_projected_fingerprint(blob, tokens, per, bits)
+        out.append(compute_projection_distance(codes, va, matrix, bits))
+    return out
 
 
 def pooled_threshold(values: list[float]) -> float:
@@ -251,15 +289,34 @@ def pooled_threshold(values: list[float]) -> float:
     return max(statistics.fmean(values) + POOLED_SIGMAS * statistics.pstdev(values), 1.25 * max(values))
 
 
-SOURCES: tuple[tuple[str, ...], ...] = (
-    ("last",), ("28",), ("21",), ("14",), ("7",), ("6",), ("5",), ("4",), ("3",), ("2",), ("1",), ("0",),
-    ("7", "last"), ("7", "28"), ("14", "last"), ("3", "last"), ("3", "7"), ("1", "7"),
-)
-CONFIGS: list[tuple[tuple[str, ...], int, int]] = [
-    (layers, k, bits)
-    for layers in SOURCES
-    for k, bits in ((4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4), (32, 2), (16, 8), (32, 4), (32, 8))
-]
+def sources() -> tuple[tuple[str, ...], ...]:
+    """Return the analysed source sets over the recorded layers (SmolLM2: deep = 28, 3/4 = 21, mid = 14)."""
+    mid, three_quarters, deep = (str(x) for x in LAYERS[-3:])
+    return (
+        ("last",), (deep,), (three_quarters,), (mid,), ("7",), ("6",), ("5",), ("4",), ("3",), ("2",), ("1",), ("0",),
+        ("7", "last"), ("7", deep), (mid, "last"), ("3", "last"), ("3", "7"), ("1", "7"),
+        ("0", "last"), ("1", "last"), ("0", "7"), ("0", "1"),
+    )
+
+
+CODES = ((2, 16), (4, 8), (8, 4), (16, 2), (32, 1), (4, 16), (8, 8), (16, 4), (32, 2), (16, 8), (32, 4), (32, 8))
+
+
+def configs() -> list[tuple[tuple[str, ...], int, int]]:
+    """Return every analysed (sources, k, bits): k dims in all, split over the sources."""
+    return [(layers, k, bits) for layers in sources() for k, bits in CODES]
+
+
+SMOLLM2_LAYERS = (0, 1, 2, 3, 4, 5, 6, 7, 14, 21, 28)  # the first campaign's runs carry no "layers" entry
+
+
+def load_runs(src: Path) -> list[dict[str, Any]]:
+    """Return a campaign's runs (plus the fitted attack) and set LAYERS from them."""
+    runs = [dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))]
+    if not runs:
+        raise SystemExit(f"no runs under {src}")
+    LAYERS[:] = [int(x) for x in runs[0].get("layers", SMOLLM2_LAYERS)]
+    return add_fitted_attack(runs)
 
 
 FIT_PUBLIC = range(0, 6)  # int8-fitted: the prompts whose real activations the attacker fits on (then left out)
@@ -335,36 +392,50 @@ def print_why(why: dict[str, Any]) -> None:
         print(f"| {'layer ' + layer if layer != 'last' else 'last'} | " + " | ".join(cells + over) + " |")
 
 
-def analyse(src: Path, out: Path) -> None:
-    """Compute every config's distances, thresholds and rates; write JSON and print a markdown table."""
-    runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
-    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": [],
-                              "why": why_table(runs)}
+def analyse(src: Path, out: Path, fresh_dir: Path | None = None) -> None:
+    """Compute every config's distances, thresholds and rates; write JSON and print a markdown table. Honest
+    runs under fresh_dir (recorded after the choice) are checked against each config's thresholds."""
+    fresh = [dict(np.load(p, allow_pickle=False)) for p in sorted(fresh_dir.glob("*.npz"))] if fresh_dir else []
+    runs = load_runs(src)
+    head = runs[0]
+    result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": [], "layers": LAYERS,
+                              "model": str(head.get("model", "smollm2-135m-instruct")),
+                              "dtype": str(head.get("dtype", "bfloat16")), "why": why_table(runs)}
     print_why(result["why"])
+    present = [name for name in REPORTED if any(str(r["name"]) == name for r in runs)]
+    thresholds = toploc_thresholds()
     toploc: dict[str, dict[str, list[bool]]] = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
         for n in LENGTHS:
-            toploc[str(n)][str(r["name"])].append(toploc_caught(r, int(r["prompt_rows"]) + n - 1))
+            toploc[str(n)][str(r["name"])].append(toploc_caught(r, int(r["prompt_rows"]) + n - 1, thresholds))
     result["toploc"] = {n: {name: [sum(v), len(v)] for name, v in d.items()} for n, d in toploc.items()}
-    for layers, k, bits in CONFIGS:
+    for layers, k, bits in configs():
         if k % len(layers):
             continue
         entry: dict[str, Any] = {"layers": list(layers), "k": k, "bits": bits, "bytes_per_token": k * bits / 8,
                                  "by_length": {}}
         for n in LENGTHS:
             d = [(str(r["key"]), str(r["kind"]), str(r["name"]),
-                  distance(r, layers, k, bits, n, keccak256(str(r["key"]).encode()))) for r in runs]
-            cal = [v for key, kind, _, v in d if kind == "honest" and is_calibration_split(key)]
-            thr = pooled_threshold(cal)
-            honest_max = max(v for _, kind, _, v in d if kind == "honest")
+                  source_distances(r, layers, k, bits, n, keccak256(str(r["key"]).encode()))) for r in runs]
+            thr = [pooled_threshold([v[j] for key, kind, _, v in d if kind == "honest" and is_calibration_split(key)])
+                   for j in range(len(layers))]
+            honest_max = [max(v[j] for _, kind, _, v in d if kind == "honest") for j in range(len(layers))]
+
+            def over(v: list[float], bound: list[float]) -> bool:
+                return any(x > b for x, b in zip(v, bound, strict=True))
+
             rates = {}
-            for name in (*HONEST, *REPORTED):
+            for name in (*HONEST, *present):
                 held = [v for key, _, nm, v in d if nm == name and not is_calibration_split(key)]
                 every = [v for _, _, nm, v in d if nm == name]
-                rates[name] = {"held_out_rejected": [sum(v > thr for v in held), len(held)],
-                               "all_over_honest_max": [sum(v > honest_max for v in every), len(every)],
-                               "mean": statistics.fmean(every) if every else None}
-            entry["by_length"][str(n)] = {"threshold": thr, "honest_max": honest_max, "rates": rates}
+                rates[name] = {"held_out_rejected": [sum(over(v, thr) for v in held), len(held)],
+                               "all_over_honest_max": [sum(over(v, honest_max) for v in every), len(every)],
+                               "mean": [statistics.fmean(v[j] for v in every) for j in range(len(layers))]
+                               if every else None}
+            fresh_over = sum(over(source_distances(r, layers, k, bits, n, keccak256(str(r["key"]).encode())), thr)
+                             for r in fresh)
+            entry["by_length"][str(n)] = {"thresholds": thr, "honest_max": honest_max, "rates": rates,
+                                          "fresh_honest_rejected": [fresh_over, len(fresh)]}
         result["configs"].append(entry)
     out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     print_table(result)
@@ -372,12 +443,12 @@ def analyse(src: Path, out: Path) -> None:
 
 def print_table(result: dict[str, Any]) -> None:
     """Print detection at 64 tokens per config: held-out (calibrated threshold) and all runs (over honest max)."""
-    names = REPORTED
+    t = result["toploc"]["64"]
+    names = [a for a in REPORTED if a in t]
     print("| fingerprint | B/token | honest FP (held-out) | " + " | ".join(names) + " |")
     print("|---|---:|---:|" + "---:|" * len(names))
-    t = result["toploc"]["64"]
     hon = [sum(t[h][0] for h in HONEST if h in t), sum(t[h][1] for h in HONEST if h in t)]
-    print(f"| TOPLOC v1 (bf16 profile) | 8.06 | {hon[0]}/{hon[1]} (all) | "
+    print(f"| TOPLOC v1 ({REGISTERED[0]} profile) | 8.06 | {hon[0]}/{hon[1]} (all) | "
           + " | ".join(f"{t[a][0]}/{t[a][1]}" for a in names if a in t) + " |")
     for c in result["configs"]:
         b = c["by_length"]["64"]["rates"]
@@ -390,23 +461,28 @@ def print_table(result: dict[str, Any]) -> None:
 
 def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any] | None:
     """Return the config within `budget` bytes/token, with no held-out honest rejection at any length, that
-    catches the most held-out 0.1 % and 0.3 % noise runs at 64 tokens (ties: fewer bytes, fewer sources)."""
+    catches the most held-out 0.1 % and 0.3 % noise runs at 64 tokens, then the most runs of every other
+    attack (a fingerprint committed instead of TOPLOC must not open a blind spot; ties: fewer bytes, sources)."""
     def fp(c: dict[str, Any]) -> int:
         return sum(c["by_length"][n]["rates"][h]["held_out_rejected"][0] for n in c["by_length"] for h in HONEST)
 
-    def caught(c: dict[str, Any]) -> int:
-        return sum(c["by_length"]["64"]["rates"][a]["held_out_rejected"][0] for a in ("noise-0.1pct", "noise-0.3pct"))
+    def caught(c: dict[str, Any], names: tuple[str, ...]) -> int:
+        rates = c["by_length"]["64"]["rates"]
+        return sum(rates[a]["held_out_rejected"][0] for a in names if a in rates)
 
+    noise = ("noise-0.1pct", "noise-0.3pct")
+    others = tuple(a for a in REPORTED if a not in noise)
     ok = [c for c in result["configs"] if c["bytes_per_token"] <= budget and fp(c) == 0]
-    return max(ok, key=lambda c: (caught(c), -c["bytes_per_token"], -len(c["layers"])), default=None)
+    return max(ok, key=lambda c: (caught(c, noise), caught(c, others), -c["bytes_per_token"], -len(c["layers"])),
+               default=None)
 
 
-REGISTERED = "smollm2-135m-instruct-bf16"
+REGISTERED = ["smollm2-135m-instruct-bf16"]  # the registry entry of the campaign's model and precision
 
 
 def registered_config(result: dict[str, Any]) -> dict[str, Any] | None:
     """Return the analysed config that the registry's projection for REGISTERED names (k: dims per source)."""
-    projection = get_model_spec(REGISTERED).projection
+    projection = get_model_spec(REGISTERED[0]).projection
     if projection is None:
         return None
     layers = [str(x) for x in projection.layers]
@@ -416,43 +492,58 @@ def registered_config(result: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def write_profile_section(path: Path, config: dict[str, Any], source: str) -> None:
-    """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds."""
-    by_length = {n: v["threshold"] for n, v in config["by_length"].items()}
+    """Replace (or append) the [projection] section of a profile with a config's calibrated thresholds (one
+    table per source when there are several: each source is held to its own)."""
+    layers = config["layers"]
+    per_source = [{n: v["thresholds"][j] for n, v in config["by_length"].items()} for j in range(len(layers))]
     text = path.read_text()
     head_lines = text.split("\n[projection]")[0].rstrip("\n").split("\n")
     while head_lines and head_lines[-1].startswith("#"):  # the previous section's provenance comment
         head_lines.pop()
     head = "\n".join(head_lines).rstrip("\n")
-    lines = [f"# {source}: sources {config['layers']}, k {config['k']}, {config['bits']} bits "
-             f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half",
-             "[projection]", f"max_distance = {max(by_length.values())!r}", "",
-             "[projection.by_length]",
-             *[f'"{n}" = {t!r}' for n, t in sorted(by_length.items(), key=lambda x: int(x[0]))]]
+
+    def table(name: str, by_length: dict[str, float]) -> list[str]:
+        return [f"[{name}]", f"max_distance = {max(by_length.values())!r}", "", f"[{name}.by_length]",
+                *[f'"{n}" = {t!r}' for n, t in sorted(by_length.items(), key=lambda x: int(x[0]))]]
+
+    lines = [f"# {source}: sources {layers}, k {config['k']}, {config['bits']} bits "
+             f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half"]
+    if len(layers) == 1:
+        lines += table("projection", per_source[0])
+    else:
+        lines += ["# every source is held to its own thresholds; the flat bound is the largest of them",
+                  "[projection]", f"max_distance = {max(max(t.values()) for t in per_source)!r}"]
+        for layer, by_length in zip(layers, per_source, strict=True):
+            lines += ["", *table(f'projection.by_source."{layer}"', by_length)]
     path.write_text(head + "\n\n" + "\n".join(lines) + "\n")
 
 
 def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path) -> None:
-    """Write a strip plot of one config's 64-token distances per group (honest variants, attacks)."""
+    """Write a strip plot per source of one config's 64-token distances per group (honest variants, attacks)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = add_fitted_attack([dict(np.load(p, allow_pickle=False)) for p in sorted(src.glob("*.npz"))])
-    groups = (*HONEST, "noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct", "noise-1pct")
-    fig, ax = plt.subplots(figsize=(8, 4))
-    cal = []
-    for j, name in enumerate(groups):
-        d = [(str(r["key"]), distance(r, layers, k, bits, 64, keccak256(str(r["key"]).encode()))) for r in runs
-             if str(r["name"]) == name]
-        cal += [v for key, v in d if name in HONEST and is_calibration_split(key)]
-        ax.scatter([j] * len(d), [v for _, v in d], s=12, color="tab:blue" if name in HONEST else "tab:red")
-    ax.axhline(pooled_threshold(cal), color="grey", linestyle="--", linewidth=1, label="threshold (calibration half)")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_xticks(range(len(groups)), groups, rotation=30)
-    ax.set_ylabel("projection distance (64 tokens)")
-    ax.set_yscale("log")
-    ax.set_title(f"layer(s) {'+'.join(layers)}, k {k}, {bits} bits, validator {VALIDATOR[0]}")
+    runs = load_runs(src)
+    names = {str(r["name"]) for r in runs}
+    groups = tuple(g for g in (*HONEST, "noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct", "noise-1pct",
+                               "bf16-as-fp32", "skip-layer", "fit-v1", "int8-fitted") if g in names)
+    fig, axes = plt.subplots(1, len(layers), figsize=(8 * len(layers), 4), squeeze=False)
+    d = {name: [(str(r["key"]), source_distances(r, layers, k, bits, 64, keccak256(str(r["key"]).encode())))
+                for r in runs if str(r["name"]) == name] for name in groups}
+    for j, (layer, ax) in enumerate(zip(layers, axes[0], strict=True)):
+        cal = [v[j] for name in HONEST for key, v in d.get(name, []) if is_calibration_split(key)]
+        for i, name in enumerate(groups):
+            ax.scatter([i] * len(d[name]), [v[j] for _, v in d[name]], s=12,
+                       color="tab:blue" if name in HONEST else "tab:red")
+        ax.axhline(pooled_threshold(cal), color="grey", linestyle="--", linewidth=1,
+                   label="threshold (calibration half)")
+        ax.legend(loc="upper left", fontsize=8)
+        ax.set_xticks(range(len(groups)), groups, rotation=30)
+        ax.set_ylabel("projection distance (64 tokens)")
+        ax.set_yscale("log")
+        ax.set_title(f"source {layer} of {'+'.join(layers)}, k {k}, {bits} bits, validator {VALIDATOR[0]}")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
 
@@ -462,6 +553,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=("record", "analyse", "plot"))
     parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--first", type=int, default=0, help="record: the first prompt index (fresh runs: 12)")
+    parser.add_argument("--honest-only", action="store_true", help="record: honest arms only (fresh honest runs)")
+    parser.add_argument("--fresh", type=Path, default=None,
+                        help="analyse: a directory of honest runs recorded after the choice, never fitted: "
+                             "reported against each config's thresholds")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--out", type=Path, default=Path("bench-results/projection.json"))
     parser.add_argument("--validator", choices=("fp32", "bf16"), default="fp32",
@@ -470,15 +566,27 @@ def main() -> None:
     parser.add_argument("--layers", default="7", help="plot: the sources, '+'-joined ('last' or a layer number)")
     parser.add_argument("--k", type=int, default=4, help="plot: dimensions (split over the sources)")
     parser.add_argument("--bits", type=int, default=8, help="plot: bits per dimension")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="record: the registered model's weights")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="record: the claimed precision")
+    parser.add_argument("--registered", default=None,
+                        help="the registry entry of model and precision (its profile's TOPLOC thresholds are the "
+                             "baseline; its projection's thresholds go to --profile); default: read from the runs")
     args = parser.parse_args()
     VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
     if args.phase == "record":
-        record(args.dir, args.prompts)
-    elif args.phase == "plot":
+        record(args.dir, range(args.first, args.first + args.prompts), args.model, args.dtype,
+               not args.honest_only)
+        return
+    head = next(iter(sorted(args.dir.glob("*.npz"))), None)
+    meta = dict(np.load(head, allow_pickle=False)) if head is not None else {}
+    model, dtype = str(meta.get("model", "smollm2-135m-instruct")), str(meta.get("dtype", "bfloat16"))
+    REGISTERED[0] = args.registered or (model if dtype == "float32" else f"{model}-bf16")
+    if args.phase == "plot":
         plot_config(args.dir, tuple(args.layers.split("+")), args.k, args.bits, args.out)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        analyse(args.dir, args.out)
+        analyse(args.dir, args.out, args.fresh)
         result = json.loads(args.out.read_text())
         chosen = choose_config(result)
         shown = chosen and {k: chosen[k] for k in ("layers", "k", "bits")}

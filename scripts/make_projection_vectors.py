@@ -27,7 +27,8 @@ from node.protocol.seed import run_seed
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "projection_v2.json"
 SPECS = (ProjectionSpec((LAST_HIDDEN,), 16, 2), ProjectionSpec((LAST_HIDDEN,), 32, 1),
-         ProjectionSpec((14, LAST_HIDDEN), 8, 4), ProjectionSpec((LAST_HIDDEN,), 4, 8))
+         ProjectionSpec((14, LAST_HIDDEN), 8, 4), ProjectionSpec((LAST_HIDDEN,), 4, 8),
+         ProjectionSpec((0, LAST_HIDDEN), 1, 16))
 
 
 def make_rows(rows: int, hidden: int, phase: float) -> np.ndarray:

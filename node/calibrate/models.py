@@ -33,6 +33,7 @@ def _rebind(engine: TransformersEngine, model: torch.nn.Module) -> TransformersE
     clone.model = model
     clone.decoder = model.get_decoder()
     clone.lm_head = model.get_output_embeddings()
+    clone.fast_prefill = False  # the fast prefill reads a stock Llama decoder's modules; a cheater's may differ
     return clone
 
 

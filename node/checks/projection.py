@@ -1,5 +1,5 @@
-"""Decision on projection fingerprints (kind 1): the model must be registered for the kind, and the
-distance must stay under the profile's calibrated threshold for the response's length."""
+"""Decision on projection fingerprints (kind 1): the model must be registered for the kind, and every
+source's distance must stay under the profile's calibrated threshold for that source and the response's length."""
 
 from __future__ import annotations
 
@@ -20,15 +20,21 @@ from node.protocol.projection import (
 
 @dataclass(frozen=True)
 class ProjectionThresholds:
-    """The largest honest-looking distance: flat (below the shortest calibrated length) and per length."""
+    """The largest honest-looking distance: flat (below the shortest calibrated length) and per length, for
+    every source alike unless a source has thresholds of its own (by_source: LAST_HIDDEN or a layer → them)."""
 
     max_distance: float
     by_length: dict[int, float] = field(default_factory=dict)  # min positions → threshold
+    by_source: dict[int, ProjectionThresholds] = field(default_factory=dict)
 
     def at(self, positions: int) -> float:
         """Return the threshold for a response of this many generated positions."""
         bucket = select_length_bucket(set(self.by_length), positions)
         return self.max_distance if bucket is None else self.by_length[bucket]
+
+    def for_source(self, source: int) -> ProjectionThresholds:
+        """Return the thresholds that apply to one source's distance."""
+        return self.by_source.get(source, self)
 
 
 def require_registered_kind(blob: bytes, kinds: tuple[int, ...], model: str) -> int:
@@ -41,8 +47,9 @@ def require_registered_kind(blob: bytes, kinds: tuple[int, ...], model: str) -> 
 
 
 def decide_projection(m: ProjectionMeasurement, t: ProjectionThresholds, positions: int) -> Reason:
-    """Return FINGERPRINT_PROJECTION_DISTANCE when the distance exceeds the threshold for the length, else OK."""
-    return Reason.FINGERPRINT_PROJECTION_DISTANCE if m.distance > t.at(positions) else Reason.OK
+    """Return FINGERPRINT_PROJECTION_DISTANCE when any source's distance exceeds its threshold for the length."""
+    over = any(d > t.for_source(layer).at(positions) for layer, d in zip(m.layers, m.source_distances, strict=True))
+    return Reason.FINGERPRINT_PROJECTION_DISTANCE if over else Reason.OK
 
 
 def select_projection_rows(hidden: np.ndarray, layers: np.ndarray | None, recorded: tuple[int, ...],

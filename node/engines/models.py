@@ -47,7 +47,7 @@ class ProjectionConfig(BaseModel):
 
     layers: tuple[int | Literal["last"], ...] = Field(min_length=1, max_length=MAX_SOURCES)
     k: int = Field(ge=1, le=MAX_K)
-    bits: Literal[1, 2, 4, 8]
+    bits: Literal[1, 2, 4, 8, 16]
 
     def spec(self) -> ProjectionSpec:
         """Return the protocol's view: "last" is the source id LAST_HIDDEN."""

@@ -34,7 +34,7 @@ KIND_PROJECTION = 1
 DOMAIN = b"verinfer/projection/v2"
 LAST_HIDDEN = 255  # the source id of the last hidden state (after the final norm)
 RANGE = 4.0
-BITS = (1, 2, 4, 8)
+BITS = (1, 2, 4, 8, 16)
 MAX_K = 64
 MAX_SOURCES = 4
 SEED_TAG_BYTES = 8
@@ -73,6 +73,7 @@ class ProjectionMeasurement:
     rows: int
     source_distances: tuple[float, ...]
     distance: float
+    layers: tuple[int, ...]  # the sources of source_distances, in blob order (LAST_HIDDEN or a layer)
 
 
 def compute_projection_seed(run_seed: bytes, block_hash: bytes) -> bytes:
@@ -108,22 +109,23 @@ def compute_projection(rows: np.ndarray, matrix: np.ndarray) -> np.ndarray:
 
 
 def compute_codes(values: np.ndarray, bits: int) -> np.ndarray:
-    """Return the quantised codes (uint8, 0 … 2^bits − 1) of projected values over [−4, 4)."""
+    """Return the quantised codes (uint16, 0 … 2^bits − 1) of projected values over [−4, 4)."""
     step = 2 * RANGE / (1 << bits)
-    return np.clip(np.floor((values + RANGE) / step), 0, (1 << bits) - 1).astype(np.uint8)
+    return np.clip(np.floor((values + RANGE) / step), 0, (1 << bits) - 1).astype(np.uint16)
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> bytes:
     """Return codes packed `bits` bits each, most significant bit first, zero-padded to a byte."""
-    planes = np.unpackbits(codes.reshape(-1, 1).astype(np.uint8), axis=1)[:, 8 - bits:]
+    wide = codes.reshape(-1, 1).astype(">u2").view(np.uint8)  # each code as two big-endian bytes
+    planes = np.unpackbits(wide, axis=1)[:, 16 - bits:]
     return np.packbits(planes.reshape(-1)).tobytes()
 
 
 def unpack_codes(data: bytes, count: int, bits: int) -> np.ndarray:
-    """Return `count` codes of `bits` bits from packed bytes (the inverse of pack_codes)."""
+    """Return `count` codes of `bits` bits from packed bytes (the inverse of pack_codes), uint16."""
     flat = np.unpackbits(np.frombuffer(data, dtype=np.uint8))[: count * bits].reshape(count, bits)
-    weights = np.left_shift(np.uint16(1), np.arange(bits - 1, -1, -1, dtype=np.uint16))
-    return np.asarray((flat.astype(np.uint16) * weights).sum(axis=1).astype(np.uint8))
+    weights = np.left_shift(np.uint32(1), np.arange(bits - 1, -1, -1, dtype=np.uint32))
+    return np.asarray((flat.astype(np.uint32) * weights).sum(axis=1).astype(np.uint16))
 
 
 def compute_projected_fingerprint(rows: np.ndarray, matrix: np.ndarray, bits: int) -> bytes:
@@ -217,7 +219,7 @@ def verify_projection_blob(blob: bytes, spec: ProjectionSpec, seed: bytes,
     distances = tuple(compute_projection_distance(c, own, compute_projection_matrix(compute_source_seed(seed, j),
                                                                                      spec.k, own.shape[1]), spec.bits)
                       for j, (c, own) in enumerate(zip(codes, own_sources, strict=True)))
-    return ProjectionMeasurement(rows, distances, float(np.mean(distances)))
+    return ProjectionMeasurement(rows, distances, float(np.mean(distances)), spec.layers)
 
 
 def split_pieces(blob: bytes) -> list[bytes]:

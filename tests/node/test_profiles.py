@@ -53,3 +53,31 @@ def test_per_length_thresholds_round_trip_and_unknown_names_are_refused():
     raw["stage2"]["by_length"]["64"]["max_typo"] = 1.0
     with pytest.raises(pydantic.ValidationError, match="unknown thresholds"):
         ModelProfile.model_validate(raw)
+
+
+def test_per_source_projection_thresholds_load_and_must_name_registered_sources(tmp_path):
+    import pydantic
+
+    from node.engines.models import ProjectionConfig, get_model_spec
+    from node.errors import FatalError
+    from node.profiles import load_profile
+    from node.protocol.projection import LAST_HIDDEN
+
+    raw = {"meta": {"model": "m", "dtype": "bfloat16", "calibrated": True, "source": "test"},
+           "projection": {"max_distance": 0.03, "by_length": {"64": 0.025},
+                          "by_source": {"0": {"max_distance": 0.002, "by_length": {"64": 0.00125}}}}}
+    t = ModelProfile.model_validate(raw).projection_thresholds()
+    assert t is not None and t.for_source(0).at(64) == 0.00125 and t.for_source(LAST_HIDDEN).at(64) == 0.025
+    for bad in ("255", "first", "-1"):
+        with pytest.raises(pydantic.ValidationError, match="by_source"):
+            ModelProfile.model_validate({**raw, "projection": {**raw["projection"],
+                                                               "by_source": {bad: {"max_distance": 0.1}}}})
+    path = tmp_path / "m.bfloat16.toml"
+    path.write_text('[meta]\nmodel = "m"\ndtype = "bfloat16"\ncalibrated = true\nsource = "test"\n\n'
+                    '[projection]\nmax_distance = 0.03\n\n[projection.by_source."0"]\nmax_distance = 0.002\n')
+    spec = get_model_spec("smollm2-135m-instruct-bf16").model_copy(update={"profile": str(path)})
+    ours = spec.model_copy(update={"projection": ProjectionConfig(layers=(0, "last"), k=1, bits=16)})
+    assert load_profile(ours)[1].projection.by_source["0"].max_distance == 0.002
+    other = spec.model_copy(update={"projection": ProjectionConfig(layers=(5, "last"), k=1, bits=16)})
+    with pytest.raises(FatalError, match="registers"):
+        load_profile(other)

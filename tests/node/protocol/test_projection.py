@@ -70,11 +70,17 @@ def test_matrix_is_signs_over_sqrt_hidden_and_depends_on_the_seed():
     assert abs((m > 0).mean() - 0.5) < 0.1
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8, 16])
 def test_codes_pack_and_unpack(bits):
-    codes = np.random.default_rng(bits).integers(0, 1 << bits, 77).astype(np.uint8)
+    codes = np.random.default_rng(bits).integers(0, 1 << bits, 77).astype(np.uint16)
     assert np.array_equal(unpack_codes(pack_codes(codes, bits), 77, bits), codes)
     assert len(pack_codes(codes, bits)) == -(-77 * bits // 8)
+
+
+def test_sixteen_bit_codes_pack_most_significant_byte_first():
+    assert pack_codes(np.array([0x1234, 0xABCD], dtype=np.uint16), 16) == bytes.fromhex("1234abcd")
+    assert pack_codes(np.array([0x5, 0xA], dtype=np.uint16), 4) == bytes.fromhex("5a")
+    assert compute_codes(np.array([-4.0, 0.0, 3.9999999]), 16).tolist() == [0, 32768, 65535]
 
 
 def test_codes_clip_at_the_range_ends():
