@@ -219,16 +219,21 @@ class VllmEngine(Engine):
                            logits_processors=[CanonicalSampler], seed=0,
                            gpu_memory_utilization=self.options.memory_fraction)
         self.llm.apply_model(_install_hook)
-        (count,) = self.llm.apply_model(_count_layers)
-        for i in self.options.record_layers:
-            if not 0 <= i < count:
-                raise InvalidParams(f"record layer {i} outside [0, {count})", Reason.OUT_OF_RANGE)
-        self.llm.apply_model(_install_layer_hooks(self.options.record_layers))
+        if self.options.record_layers:
+            self._hook_layers(self.options.record_layers)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         (self.lm_head,) = self.llm.apply_model(_lm_head_weight)
         self.softcap = getattr(self.llm.llm_engine.model_config.hf_config, "final_logit_softcapping", None)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.info = EngineInfo("vllm", model_name, self.options.dtype, device)
+
+    def _hook_layers(self, layers: tuple[int, ...]) -> None:
+        """Check that the model has every recorded layer and hook each once."""
+        (count,) = self.llm.apply_model(_count_layers)
+        for i in layers:
+            if not 0 <= i < count:
+                raise InvalidParams(f"record layer {i} outside [0, {count})", Reason.OUT_OF_RANGE)
+        self.llm.apply_model(_install_layer_hooks(layers))
 
     def _run(self, prompt_ids: Sequence[int], sampling: VllmSamplingParams) -> tuple[list[int], list[torch.Tensor]]:
         _HIDDEN.clear()
