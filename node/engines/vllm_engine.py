@@ -13,14 +13,14 @@
   the request seed node.protocol.vllm_sampler derives from the run seed; the processor only records
   the row's raw logits when asked (``extra_args["verinfer_record"]``), so the test can replay vLLM's
   choices from vLLM's own logits.
-The processor and hook must live in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
-* Projection fingerprints (kind 1, protocol v2): a registration whose only source is the last hidden
-  state works as is (the final-norm hook). Decoder-layer sources are not recorded: vLLM's Llama layers
-  return ``(hidden_states, residual)`` with the residual add fused into the next layer's norm, so the
-  residual stream after layer i is the sum of that pair, captured by a hook per recorded layer — not
-  written yet (not measured against the transformers engine's rows). Generations carry no ``layers``, so
-  an executer on this engine for a model registered with decoder-layer sources raises FatalError
-  (node.checks.projection.select_projection_rows) instead of committing a wrong fingerprint.
+* Decoder layers (projection fingerprints, protocol v2): with ``record_layers``, a forward hook per
+  recorded layer captures the residual stream after that layer, row for row like the last hidden state.
+  vLLM's Llama layers return ``(hidden_states, residual)`` and leave the residual add to the next layer's
+  fused add-norm (or the final norm's), so the stream is the sum of that pair, taken in the model's dtype
+  as the fused add rounds it (vLLM's own ``_maybe_add_hidden_state`` sums the pair the same way). The
+  hook runs before the next layer, whose fused add-norm may overwrite the pair in place. Generations and
+  prefills carry ``layers`` (len(record_layers), rows, hidden) float32 as the transformers engine's do.
+The processor and hooks must live in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ _LOCK = threading.Lock()
 _SAMPLES: dict[str, list[PositionSample]] = {}
 _HIDDEN: list[torch.Tensor] = []
 _LOGITS: dict[str, list[torch.Tensor]] = {}  # raw logits rows of requests tagged verinfer_record
+_LAYERS: dict[int, list[torch.Tensor]] = {}  # decoder layer → its residual-stream rows, one tensor per forward
 _CAPTURE = {"on": False}
 
 
@@ -132,8 +133,37 @@ def _capture_hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         _HIDDEN.append(hidden.detach().float().cpu().reshape(-1, hidden.shape[-1]))
 
 
+def _layer_hook(layer: int) -> Any:
+    """Return a forward hook that records the residual stream after decoder layer `layer`."""
+    def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        if _CAPTURE["on"]:
+            hidden, residual = output if isinstance(output, tuple) else (output, None)
+            stream = hidden if residual is None else hidden + residual  # in the model's dtype, as the fused add
+            _LAYERS.setdefault(layer, []).append(stream.detach().float().cpu().reshape(-1, stream.shape[-1]))
+    return hook
+
+
 def _install_hook(model: Any) -> None:
     model.model.norm.register_forward_hook(_capture_hook)  # vLLM's llama/gemma name the final norm so
+
+
+def _count_layers(model: Any) -> int:
+    return len(model.model.layers)
+
+
+def _install_layer_hooks(layers: tuple[int, ...]) -> Any:
+    """Return a function that hooks each of `layers` (once each) in the model it is applied to."""
+    def install(model: Any) -> None:
+        for i in sorted(set(layers)):
+            model.model.layers[i].register_forward_hook(_layer_hook(i))
+    return install
+
+
+def _stack_layers(layers: tuple[int, ...], rows: int) -> np.ndarray | None:
+    """Return the captured rows of `layers` (in that order, repeats included) as (layers, rows, hidden) float32."""
+    if not layers:
+        return None
+    return np.stack([torch.cat(_LAYERS.get(i, []), dim=0)[:rows].numpy() for i in layers])
 
 
 def _lm_head_weight(model: Any) -> torch.Tensor:
@@ -158,6 +188,7 @@ class VllmOptions:
     # On the CPU backend this is the share of *host* memory vLLM reserves; its 0.92 default fails
     # as soon as anything else (a validator, a test suite) holds memory.
     memory_fraction: float = 0.25
+    record_layers: tuple[int, ...] = ()  # decoder layers whose outputs (the residual stream) are recorded
 
 
 @contextmanager
@@ -188,14 +219,25 @@ class VllmEngine(Engine):
                            logits_processors=[CanonicalSampler], seed=0,
                            gpu_memory_utilization=self.options.memory_fraction)
         self.llm.apply_model(_install_hook)
+        if self.options.record_layers:
+            self._hook_layers(self.options.record_layers)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         (self.lm_head,) = self.llm.apply_model(_lm_head_weight)
         self.softcap = getattr(self.llm.llm_engine.model_config.hf_config, "final_logit_softcapping", None)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.info = EngineInfo("vllm", model_name, self.options.dtype, device)
 
+    def _hook_layers(self, layers: tuple[int, ...]) -> None:
+        """Check that the model has every recorded layer and hook each once."""
+        (count,) = self.llm.apply_model(_count_layers)
+        for i in layers:
+            if not 0 <= i < count:
+                raise InvalidParams(f"record layer {i} outside [0, {count})", Reason.OUT_OF_RANGE)
+        self.llm.apply_model(_install_layer_hooks(layers))
+
     def _run(self, prompt_ids: Sequence[int], sampling: VllmSamplingParams) -> tuple[list[int], list[torch.Tensor]]:
         _HIDDEN.clear()
+        _LAYERS.clear()
         _CAPTURE["on"] = True
         try:
             out = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], sampling, use_tqdm=False)
@@ -221,15 +263,17 @@ class VllmEngine(Engine):
             _SAMPLES.pop(key, None)
             output_ids, hidden = self._run(r.prompt_ids, sampling)
             samples = _SAMPLES.pop(key, [])
+            layers = _stack_layers(self.options.record_layers, len(r.prompt_ids) + len(output_ids) - 1)
         samples = samples[: len(output_ids)]
         if [s.chosen for s in samples] != output_ids:
             raise FatalError("vLLM output differs from the canonical sampler's choices", Reason.OK)
         rows = torch.cat(hidden, dim=0).numpy()
         expected = len(r.prompt_ids) + len(output_ids) - 1
-        if rows.shape[0] != expected:
-            raise FatalError(f"captured {rows.shape[0]} hidden rows, expected {expected}", Reason.OK)
+        if rows.shape[0] != expected or (layers is not None and layers.shape[1] != expected):
+            got = rows.shape[0] if layers is None else (rows.shape[0], layers.shape[1])
+            raise FatalError(f"captured {got} hidden (and layer) rows, expected {expected}", Reason.OK)
         finish: FinishReason = "stop" if output_ids and output_ids[-1] in r.stop_ids else "length"
-        return Generation(tuple(output_ids), tuple(samples), rows, finish)
+        return Generation(tuple(output_ids), tuple(samples), rows, finish, layers)
 
     def generate_stock(self, prompt_ids: Sequence[int], params: SamplingParams, request_seed: int,
                        stop_ids: frozenset[int] = frozenset(), record_logits: bool = False) -> StockGeneration:
@@ -259,8 +303,9 @@ class VllmEngine(Engine):
             raise InvalidParams("empty prompt or token id out of range", Reason.OUT_OF_RANGE)
         with _LOCK:
             _, hidden = self._run(fed, VllmSamplingParams(temperature=0.0, max_tokens=1))
+            layers = _stack_layers(self.options.record_layers, len(fed))
         rows = torch.cat(hidden, dim=0)[: len(fed)]
         logits = rows[len(prompt_ids) - 1:] @ self.lm_head.T if output_ids else rows.new_zeros((0, self.vocab_size))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return Prefill(logits=logits[:, : self.vocab_size].numpy(), hidden=rows.numpy())
+        return Prefill(logits=logits[:, : self.vocab_size].numpy(), hidden=rows.numpy(), layers=layers)

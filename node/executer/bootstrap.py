@@ -49,7 +49,8 @@ def load_engine(files: ModelFiles, settings: ExecuterSettings) -> Engine:
     if settings.backend == "vllm":
         from node.engines.vllm_engine import VllmEngine, VllmOptions
 
-        engine: Engine = VllmEngine(files.path, files.spec.name, VllmOptions(dtype=dtype))
+        recorded = files.spec.projection.decoder_layers() if files.spec.projection is not None else ()
+        engine: Engine = VllmEngine(files.path, files.spec.name, VllmOptions(dtype=dtype, record_layers=recorded))
         return engine
     from node.engines.transformers_engine import TransformersEngine, TransformersOptions
 
