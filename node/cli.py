@@ -220,7 +220,7 @@ def verify(
     _, profile = load_profile(spec)
     engine = TransformersEngine(files.path, spec.name)
     # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (protocol.md §12)
-    projection_engine = None if spec.projection is None else TransformersEngine(
+    projection_engine = None if spec.projection is None or not spec.needs_projection_engine else TransformersEngine(
         files.path, spec.name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
     report = verify_payload(data, files, ModelTokenizer(files.path, spec.chat), engine, profile.stage2_thresholds(),
                             projection=profile.projection_thresholds(), projection_engine=projection_engine)

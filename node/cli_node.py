@@ -97,7 +97,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
                                               stock=profile.stock_thresholds())
             continue
         # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (§12)
-        projection_engine = None if spec.projection is None else TransformersEngine(
+        projection_engine = None if spec.projection is None or not spec.needs_projection_engine else TransformersEngine(
             files.path, name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
         slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat),
                                           TransformersEngine(files.path, name, TransformersOptions()),

@@ -49,11 +49,13 @@ from node.protocol.seed import run_seed
 
 MODEL = "smollm2-135m-instruct"
 # kind-1 configurations measured: name → (sources, k, bits); "last" is the last hidden state
-PROJECTIONS = {"v2 layer 7 4×8b": ProjectionSpec((7,), 4, 8),  # the configuration registered (calibration)
+PROJECTIONS = {"v2 layers 0+28 1×16b": ProjectionSpec((0, 28), 1, 16),  # registered for the bf16 entry
+               "v2 last 2×16b": ProjectionSpec((LAST_HIDDEN,), 2, 16),  # registered for the fp32 entry
+               "v2 layer 7 4×8b": ProjectionSpec((7,), 4, 8),  # registered for bf16 until 2026-11-27
                "v2 last 16×2b": ProjectionSpec((LAST_HIDDEN,), 16, 2),
                "v2 last 32×1b": ProjectionSpec((LAST_HIDDEN,), 32, 1),
                "v2 last 8×4b": ProjectionSpec((LAST_HIDDEN,), 8, 4)}
-RECORDED = (7,)  # decoder layers the engine records for the projections above
+RECORDED = (0, 7, 28)  # decoder layers the engine records for the projections above
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 GOAL_BYTES_PER_TOKEN = 48  # compressed, at 256 tokens
 

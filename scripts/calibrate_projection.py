@@ -57,10 +57,13 @@ from node.protocol.projection import (
 )
 from node.protocol.seed import run_seed
 
-HONEST = ("threads2", "threads1", "nocache", "batch4")
+HONEST_BY_BACKEND = {"transformers": ("threads2", "threads1", "nocache", "batch4"),
+                     "vllm": ("vllm",)}  # vllm: recorded by --vllm in .venv-vllm
+HONEST_ALL = (*HONEST_BY_BACKEND["transformers"], *HONEST_BY_BACKEND["vllm"])
+HONEST: list[str] = list(HONEST_ALL)  # the honest population the thresholds are calibrated on (--backends)
 ATTACKS = ("noise-0.1pct", "noise-0.3pct", "noise-1pct", "int8", "skip-layer", "fit-v1", "noise-0.1pct-f32",
-           "bf16-as-fp32")
-REPORTED = (*ATTACKS, "int8-fitted")
+           "bf16-as-fp32", "noise-0.1pct-deep", "noise-0.3pct-deep")
+REPORTED = (*ATTACKS, "int8-fitted", "vllm")  # vllm: reported like an attack when its backend is left out
 LAYERS: list[int] = []  # the recorded decoder layers of the campaign (set by record, or read from the runs)
 LENGTHS = (16, 32, 64)
 POOLED_SIGMAS = 6.0
@@ -100,6 +103,20 @@ def make_noisy_engine_f32(base: TransformersEngine, relative: float, seed: int) 
         for p in model.parameters():
             noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
             p.copy_((p.float() * (1 + relative * noise)).to(p.dtype))
+    return _rebind(base, model)
+
+
+def make_noisy_deep_engine(base: TransformersEngine, relative: float, seed: int) -> TransformersEngine:
+    """Return the model with every weight past decoder layer 0 noised as make_noisy_engine does: the embedding
+    table (tied to the LM head) and layer 0 exact. The attack on an early source: the registered sources are
+    public, so an operator can compute them exactly and cheat only where no source looks."""
+    model = copy.deepcopy(base.model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_tokens" in name or ".layers.0." in name:
+                continue
+            p.mul_(1 + relative * torch.randn(p.shape, generator=generator, dtype=p.dtype))
     return _rebind(base, model)
 
 
@@ -155,7 +172,7 @@ def _batch(engine: Any, lab: Lab, kind: str, name: str, indices: range | list[in
     return requests, gens
 
 
-def build(model: str, dtype: str, attacks: bool = True) -> tuple[Lab, dict[str, Any]]:
+def build(model: str, dtype: str, attacks: bool = True, vllm: bool = False) -> tuple[Lab, dict[str, Any]]:
     """Return the lab (fp32 validator, honest at the claimed precision) and every generator, all recording
     the campaign's layers (LAYERS, set here from the model's depth)."""
     spec = get_model_spec(model)
@@ -167,6 +184,10 @@ def build(model: str, dtype: str, attacks: bool = True) -> tuple[Lab, dict[str, 
     honest = validator if dtype == "float32" else load_engine(files.path, model, dtype=dtype, **opts)
     lab = Lab(files, ModelTokenizer(files.path, spec.chat), validator, {}, load_prompts(), 64, honest=honest,
               dtype=dtype)
+    if vllm:  # the vLLM backend's honest operator only (its engine and two transformers ones fit in memory)
+        from node.engines.vllm_engine import VllmEngine, VllmOptions
+
+        return lab, {"vllm": VllmEngine(files.path, model, VllmOptions(dtype=dtype, record_layers=tuple(LAYERS)))}
     gens: dict[str, Any] = {
         "threads2": honest, "nocache": load_engine(files.path, model, dtype=dtype, kv_cache=False, **opts)}
     if not attacks:
@@ -175,6 +196,8 @@ def build(model: str, dtype: str, attacks: bool = True) -> tuple[Lab, dict[str, 
         "noise-0.1pct": make_noisy_engine(honest, 0.001, seed=7),
         "noise-0.3pct": make_noisy_engine(honest, 0.003, seed=7),
         "noise-1pct": make_noisy_engine(honest, 0.01, seed=7),
+        "noise-0.1pct-deep": make_noisy_deep_engine(honest, 0.001, seed=7),
+        "noise-0.3pct-deep": make_noisy_deep_engine(honest, 0.003, seed=7),
         "int8": make_int8_engine(validator),
         "skip-layer": make_skip_layer_engine(honest, layer=probe.model.config.num_hidden_layers // 2),
         # fitted on public prompts the campaign never uses (the last 8 of the prompt set)
@@ -187,7 +210,7 @@ def build(model: str, dtype: str, attacks: bool = True) -> tuple[Lab, dict[str, 
     return lab, gens
 
 
-def record(out: Path, prompts: range, model: str, dtype: str, attacks: bool = True) -> None:
+def record(out: Path, prompts: range, model: str, dtype: str, attacks: bool = True, vllm: bool = False) -> None:
     """Run honest and attack arms not yet recorded; store hidden states per run.
 
     Honest single-request variants generate one request at a time; batch4 in batches of four; each
@@ -195,7 +218,7 @@ def record(out: Path, prompts: range, model: str, dtype: str, attacks: bool = Tr
     """
     torch.set_num_threads(1)  # the machine is shared: one thread, except the threads2 arm
     out.mkdir(parents=True, exist_ok=True)
-    lab, gens = build(model, dtype, attacks)
+    lab, gens = build(model, dtype, attacks, vllm)
 
     def save(spec: RunSpec, ids: tuple[int, ...], gen: Any) -> None:
         pre = lab.validator.prefill(ids, gen.output_ids)
@@ -212,10 +235,10 @@ def record(out: Path, prompts: range, model: str, dtype: str, attacks: bool = Tr
     def done(kind: str, name: str, i: int) -> bool:
         return (out / f"{kind}_{name}_{i}.npz").exists()
 
-    for name in ("threads2", *ATTACKS, "batch4", "nocache", "threads1"):
-        if name not in gens and name not in HONEST:
+    for name in ("threads2", *ATTACKS, "batch4", "nocache", "threads1", "vllm"):
+        if name not in gens and (name not in HONEST_ALL or name == "vllm" or vllm):
             continue
-        kind = "honest" if name in HONEST else "attack"
+        kind = "honest" if name in HONEST_ALL else "attack"
         todo = [i for i in prompts if not done(kind, name, i)]
         if not todo:
             continue
@@ -295,7 +318,7 @@ def sources() -> tuple[tuple[str, ...], ...]:
     return (
         ("last",), (deep,), (three_quarters,), (mid,), ("7",), ("6",), ("5",), ("4",), ("3",), ("2",), ("1",), ("0",),
         ("7", "last"), ("7", deep), (mid, "last"), ("3", "last"), ("3", "7"), ("1", "7"),
-        ("0", "last"), ("1", "last"), ("0", "7"), ("0", "1"),
+        ("0", "last"), ("1", "last"), ("0", deep), ("1", deep), ("0", "7"), ("0", "1"),
     )
 
 
@@ -316,6 +339,9 @@ def load_runs(src: Path) -> list[dict[str, Any]]:
     if not runs:
         raise SystemExit(f"no runs under {src}")
     LAYERS[:] = [int(x) for x in runs[0].get("layers", SMOLLM2_LAYERS)]
+    for r in runs:  # honest runs of a backend the thresholds are not calibrated for: measured, never fitted
+        if str(r["kind"]) == "honest" and str(r["name"]) not in HONEST:
+            r["kind"] = "off-backend"
     return add_fitted_attack(runs)
 
 
@@ -395,14 +421,16 @@ def print_why(why: dict[str, Any]) -> None:
 def analyse(src: Path, out: Path, fresh_dir: Path | None = None) -> None:
     """Compute every config's distances, thresholds and rates; write JSON and print a markdown table. Honest
     runs under fresh_dir (recorded after the choice) are checked against each config's thresholds."""
-    fresh = [dict(np.load(p, allow_pickle=False)) for p in sorted(fresh_dir.glob("*.npz"))] if fresh_dir else []
+    fresh = [r for r in (dict(np.load(p, allow_pickle=False)) for p in sorted(fresh_dir.glob("*.npz")))
+             if str(r["name"]) in HONEST] if fresh_dir else []
     runs = load_runs(src)
     head = runs[0]
     result: dict[str, Any] = {"runs": len(runs), "validator": VALIDATOR[0], "configs": [], "layers": LAYERS,
+                              "honest": list(HONEST),
                               "model": str(head.get("model", "smollm2-135m-instruct")),
                               "dtype": str(head.get("dtype", "bfloat16")), "why": why_table(runs)}
     print_why(result["why"])
-    present = [name for name in REPORTED if any(str(r["name"]) == name for r in runs)]
+    present = [name for name in REPORTED if name not in HONEST and any(str(r["name"]) == name for r in runs)]
     thresholds = toploc_thresholds()
     toploc: dict[str, dict[str, list[bool]]] = {str(n): {str(r["name"]): [] for r in runs} for n in LENGTHS}
     for r in runs:
@@ -444,7 +472,7 @@ def analyse(src: Path, out: Path, fresh_dir: Path | None = None) -> None:
 def print_table(result: dict[str, Any]) -> None:
     """Print detection at 64 tokens per config: held-out (calibrated threshold) and all runs (over honest max)."""
     t = result["toploc"]["64"]
-    names = [a for a in REPORTED if a in t]
+    names = [a for a in REPORTED if a in t and a not in HONEST]
     print("| fingerprint | B/token | honest FP (held-out) | " + " | ".join(names) + " |")
     print("|---|---:|---:|" + "---:|" * len(names))
     hon = [sum(t[h][0] for h in HONEST if h in t), sum(t[h][1] for h in HONEST if h in t)]
@@ -506,7 +534,7 @@ def write_profile_section(path: Path, config: dict[str, Any], source: str) -> No
         return [f"[{name}]", f"max_distance = {max(by_length.values())!r}", "", f"[{name}.by_length]",
                 *[f'"{n}" = {t!r}' for n, t in sorted(by_length.items(), key=lambda x: int(x[0]))]]
 
-    lines = [f"# {source}: sources {layers}, k {config['k']}, {config['bits']} bits "
+    lines = [f"# {source}: sources {layers}, {config['k']} dims in all, {config['bits']} bits "
              f"({config['bytes_per_token']:g} B/token); thresholds: fit.py's pooled rule on the calibration half"]
     if len(layers) == 1:
         lines += table("projection", per_source[0])
@@ -527,8 +555,9 @@ def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path
 
     runs = load_runs(src)
     names = {str(r["name"]) for r in runs}
-    groups = tuple(g for g in (*HONEST, "noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct", "noise-1pct",
-                               "bf16-as-fp32", "skip-layer", "fit-v1", "int8-fitted") if g in names)
+    others = ("vllm", "noise-0.1pct", "noise-0.1pct-f32", "noise-0.3pct", "noise-1pct", "bf16-as-fp32",
+              "noise-0.1pct-deep", "noise-0.3pct-deep", "skip-layer", "fit-v1", "int8-fitted")
+    groups = tuple(dict.fromkeys(g for g in (*HONEST, *others) if g in names))
     fig, axes = plt.subplots(1, len(layers), figsize=(8 * len(layers), 4), squeeze=False)
     d = {name: [(str(r["key"]), source_distances(r, layers, k, bits, 64, keccak256(str(r["key"]).encode())))
                 for r in runs if str(r["name"]) == name] for name in groups}
@@ -536,7 +565,7 @@ def plot_config(src: Path, layers: tuple[str, ...], k: int, bits: int, out: Path
         cal = [v[j] for name in HONEST for key, v in d.get(name, []) if is_calibration_split(key)]
         for i, name in enumerate(groups):
             ax.scatter([i] * len(d[name]), [v[j] for _, v in d[name]], s=12,
-                       color="tab:blue" if name in HONEST else "tab:red")
+                       color="tab:blue" if name in HONEST else "tab:orange" if name == "vllm" else "tab:red")
         ax.axhline(pooled_threshold(cal), color="grey", linestyle="--", linewidth=1,
                    label="threshold (calibration half)")
         ax.legend(loc="upper left", fontsize=8)
@@ -555,6 +584,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--first", type=int, default=0, help="record: the first prompt index (fresh runs: 12)")
     parser.add_argument("--honest-only", action="store_true", help="record: honest arms only (fresh honest runs)")
+    parser.add_argument("--backends", default="transformers,vllm",
+                        help="analyse: the backends whose honest runs calibrate the thresholds (others are reported)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="record: the vLLM backend's honest arm only (run with .venv-vllm's python)")
     parser.add_argument("--fresh", type=Path, default=None,
                         help="analyse: a directory of honest runs recorded after the choice, never fitted: "
                              "reported against each config's thresholds")
@@ -574,9 +607,10 @@ def main() -> None:
                              "baseline; its projection's thresholds go to --profile); default: read from the runs")
     args = parser.parse_args()
     VALIDATOR[0] = "val" if args.validator == "fp32" else "bf16"
+    HONEST[:] = [name for backend in args.backends.split(",") for name in HONEST_BY_BACKEND[backend]]
     if args.phase == "record":
         record(args.dir, range(args.first, args.first + args.prompts), args.model, args.dtype,
-               not args.honest_only)
+               not args.honest_only, args.vllm)
         return
     head = next(iter(sorted(args.dir.glob("*.npz"))), None)
     meta = dict(np.load(head, allow_pickle=False)) if head is not None else {}
@@ -599,7 +633,8 @@ def main() -> None:
                 print(f"note: the registry's projection {registered and registered['layers']} differs from the "
                       "choice above; writing the registered one's thresholds")
             if registered is not None:
-                write_profile_section(args.profile, registered, f"scripts/calibrate_projection.py over {args.dir}")
+                write_profile_section(args.profile, registered, f"scripts/calibrate_projection.py over {args.dir} "
+                                                                f"(honest backends: {args.backends})")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ class ProjectionConfig(BaseModel):
     layers: tuple[int | Literal["last"], ...] = Field(min_length=1, max_length=MAX_SOURCES)
     k: int = Field(ge=1, le=MAX_K)
     bits: Literal[1, 2, 4, 8, 16]
+    # the executer backends whose honest runs calibrated the thresholds: another backend's numerics may differ by
+    # more (bf16 vLLM at decoder layer 0: as much as 0.1 % weight noise), so its executers commit another kind
+    backends: tuple[Literal["transformers", "vllm"], ...] = Field(default=("transformers", "vllm"), min_length=1)
 
     def spec(self) -> ProjectionSpec:
         """Return the protocol's view: "last" is the source id LAST_HIDDEN."""
@@ -90,6 +93,12 @@ class ModelSpec(BaseModel):
     def is_moe(self) -> bool:
         """Check whether the model is a mixture of experts (its executers commit per-expert leaves, docs/moe.md)."""
         return self.source in ("upcycled-moe", "tiny-random-moe")
+
+    @property
+    def needs_projection_engine(self) -> bool:
+        """Check whether a validator needs a second engine for kind 1 (another dtype than its float32, or layers to
+        record); a float32 entry projecting only the last hidden state reuses stage 2's prefill."""
+        return self.projection is not None and (self.dtype != "float32" or bool(self.projection.decoder_layers()))
 
     @model_validator(mode="after")
     def _require_projection_for_kind_1(self) -> ModelSpec:

@@ -24,7 +24,7 @@ from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest
 from node.engines.compiled_fingerprint import compute_interpolation_compiled
 from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
-from node.errors import InvalidInput, Reason
+from node.errors import FatalError, InvalidInput, Reason
 from node.protocol.artifact import Artifact, ArtifactHeader, compute_output_hash, encode_artifact_wire
 from node.protocol.fingerprint import (
     ChunkMeasurement,
@@ -163,8 +163,15 @@ class ExecuterService:
 
     @property
     def fingerprint_kind(self) -> int:
-        """Return the kind this executer commits: the model's first registered kind (in preference order)."""
-        return self.files.spec.fingerprint_kinds[0]
+        """Return the kind this executer commits: the model's first registered kind (in preference order) that its
+        backend may commit — kind 1 only on a backend the projection's thresholds were calibrated for."""
+        backend = self.engine.info.backend
+        projection = self.files.spec.projection
+        for kind in self.files.spec.fingerprint_kinds:
+            if kind != KIND_PROJECTION or (projection is not None and backend in projection.backends):
+                return kind
+        raise FatalError(f"{self.files.spec.name} registers no fingerprint kind a {backend} executer may commit",
+                         Reason.FINGERPRINT_KIND_NOT_REGISTERED)
 
     def build_fingerprint(self, gen: Generation, prompt_rows: int, projection_seed: bytes) -> list[bytes]:
         """Return the fingerprint pieces of a generation in this executer's kind (their concatenation is the blob)."""

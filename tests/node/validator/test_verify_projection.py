@@ -106,6 +106,32 @@ def test_the_first_registered_kind_is_the_one_committed(tiny):
     assert compute_fingerprint_kind(b"".join(served.fingerprint)) == 0
 
 
+@dataclass
+class OnBackend:
+    """The tiny engine reporting another backend (what the executer reads to pick its kind)."""
+
+    inner: Engine
+    backend: str
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def info(self):
+        return replace(self.inner.info, backend=self.backend)
+
+
+def test_kind_1_is_committed_only_on_a_backend_its_thresholds_were_calibrated_for(tiny):
+    transformers_only = LAST.model_copy(update={"backends": ("transformers",)})
+    files = registered(tiny, transformers_only, kinds=(1, 0))
+    _, served = payload(files, tiny, engine=OnBackend(tiny.engine, "vllm"))
+    assert compute_fingerprint_kind(b"".join(served.fingerprint)) == 0  # the next kind listed: TOPLOC
+    _, served = payload(files, tiny, engine=OnBackend(tiny.engine, "transformers"))
+    assert compute_fingerprint_kind(b"".join(served.fingerprint)) == KIND_PROJECTION
+    with pytest.raises(FatalError, match="no fingerprint kind"):
+        payload(registered(tiny, transformers_only, kinds=(1,)), tiny, engine=OnBackend(tiny.engine, "vllm"))
+
+
 def test_a_model_registered_for_v2_only_refuses_toploc(tiny):
     p, _ = payload(tiny.files, tiny)  # the v1-only executer commits TOPLOC
     report = verify_payload(p, registered(tiny, kinds=(1,)), tiny.tokenizer, tiny.engine, T, projection=P)

@@ -1,8 +1,10 @@
 """Kind-1 projection fingerprints on the real SmolLM2 (bf16 registry entry), with the calibrated [projection].
 
-A bf16 executer records decoder layer 7 and commits the registered projection (4 dims × 8 bits); the
-validator runs stage 2 in float32 and recomputes the projection in bf16. An honest run passes; the same
-text and leaves with layer-7 rows from a model with 1 % weight noise fail on the projection alone.
+A bf16 executer records the registered sources (decoder layers 0 and 28, 1 dim × 16 bits each) and commits
+the projection; the validator runs stage 2 in float32 and recomputes the projection in bf16. An honest run
+passes; the same text and leaves with rows from a model with 0.1 % weight noise (the issue's goal; the
+calibration caught 7 of 7 held-out such runs at 64 tokens, layer 0's distance 2.3 times its threshold on
+average) fail on the projection alone, by the layer-0 source.
 """
 
 import base64
@@ -11,6 +13,7 @@ import copy
 import pytest
 
 from node.calibrate.models import load_engine, make_noisy_engine
+from node.checks.projection import select_projection_rows
 from node.engines.base import GenerationRequest
 from node.engines.models import get_model_spec, materialise_model
 from node.errors import Reason
@@ -45,12 +48,14 @@ def payload(smol, files, engine, rows_engine):
     ids = smol.tokenizer.encode_chat(MESSAGES)
     params = SamplingParams(0.7, 1.0, 0, N)
     gen = engine.generate([GenerationRequest(ids, params, run_seed(*SEED), 5)])[0]
-    rows = rows_engine.prefill(ids, gen.output_ids).layers if rows_engine is not engine else gen.layers
+    source = rows_engine.prefill(ids, gen.output_ids) if rows_engine is not engine else gen
+    spec = files.spec.projection.spec()
+    rows = select_projection_rows(source.hidden, source.layers, files.spec.projection.decoder_layers(), spec, len(ids))
     header = ArtifactHeader(files.model_id, params.temperature_bits, params.top_p_bits, 0, N, 5, run_seed(*SEED), ids,
                             len(gen.output_ids))
     art = Artifact(header, gen.positions(5))
     seed = compute_projection_seed(run_seed(*SEED), NO_BLOCK_HASH)
-    blob = build_projection_blob([rows[0][len(ids) - 1:]], files.spec.projection.spec(), seed)
+    blob = build_projection_blob(rows, spec, seed)
     return InferencePayload(model=NAME, model_id="0x" + files.model_id.hex(), inference_id=str(SEED[1]),
                             user_seed=str(SEED[0]), request={"messages": MESSAGES},
                             artifact=base64.b64encode(encode_artifact_wire(art)).decode(),
@@ -63,9 +68,13 @@ def test_honest_bf16_projection_passes_and_noisy_rows_fail(smol, setup):
     honest = verify_payload(payload(smol, files, engine, engine), files, smol.tokenizer, smol.engine, thresholds,
                             projection=projection, projection_engine=engine)
     assert honest.valid, honest
-    assert honest.projection is not None and 0 < honest.projection.distance < projection.at(N)
-    noisy = make_noisy_engine(copy.copy(engine), 0.01, seed=7)
+    m = honest.projection
+    assert m is not None and m.layers == files.spec.projection.spec().layers
+    assert all(0 < d < projection.for_source(layer).at(N) for layer, d in zip(m.layers, m.source_distances,
+                                                                                 strict=True))
+    noisy = make_noisy_engine(copy.copy(engine), 0.001, seed=7)
     cheat = verify_payload(payload(smol, files, engine, noisy), files, smol.tokenizer, smol.engine, thresholds,
                            projection=projection, projection_engine=engine)
     assert cheat.decision is not None and cheat.decision.valid  # the leaves are honest: only the projection sees it
     assert cheat.reason is Reason.FINGERPRINT_PROJECTION_DISTANCE, cheat.projection
+    assert cheat.projection is not None and cheat.projection.source_distances[0] > projection.for_source(0).at(N)
