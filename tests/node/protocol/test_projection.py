@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.protocol.errors import InvalidParams, Reason
 from node.protocol.fingerprint import build_fingerprint
@@ -167,3 +169,21 @@ def test_non_finite_rows_are_typed():
     with pytest.raises(InvalidParams) as e:
         build_projection_blob([x], SPEC, SEED)
     assert e.value.reason is Reason.NON_FINITE_HIDDEN
+
+
+SIXTEEN = ProjectionSpec((0, LAST_HIDDEN), 1, 16)
+GOOD_16 = build_projection_blob([rows(9), rows(9, shift=1.0)], SIXTEEN, SEED)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=80),
+                 st.tuples(st.integers(0, len(GOOD_16) - 1), st.integers(0, 255)).map(
+                     lambda p: GOOD_16[:p[0]] + bytes([p[1]]) + GOOD_16[p[0] + 1:]),
+                 st.integers(0, len(GOOD_16)).map(lambda n: GOOD_16[:n]),
+                 st.binary(min_size=1, max_size=8).map(lambda extra: GOOD_16 + extra)))
+def test_any_bytes_decode_to_the_registered_shape_or_a_typed_refusal(blob):
+    try:
+        codes = decode_projection_blob(blob, SIXTEEN, SEED, 9)
+    except InvalidProjectionFingerprint:
+        return
+    assert [c.shape for c in codes] == [(9, 1), (9, 1)] and all(c.dtype == np.uint16 for c in codes)
