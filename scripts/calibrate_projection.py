@@ -488,9 +488,11 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any] | None:
-    """Return the config within `budget` bytes/token, with no held-out honest rejection at any length, that
-    catches the most held-out 0.1 % and 0.3 % noise runs at 64 tokens, then the most runs of every other
-    attack (a fingerprint committed instead of TOPLOC must not open a blind spot; ties: fewer bytes, sources)."""
+    """Return the config within `budget` bytes/token, with no held-out honest rejection at any length and no
+    threshold of 0 (all honest calibration runs at 0: a spread the pooled rule cannot estimate, one bin crossing
+    would reject), that catches the most held-out 0.1 % and 0.3 % noise runs at 64 tokens, then the most runs of
+    every other attack (a fingerprint committed instead of TOPLOC must not open a blind spot; ties: fewer bytes,
+    then sources)."""
     def fp(c: dict[str, Any]) -> int:
         return sum(c["by_length"][n]["rates"][h]["held_out_rejected"][0] for n in c["by_length"] for h in HONEST)
 
@@ -498,9 +500,12 @@ def choose_config(result: dict[str, Any], budget: float = 4.0) -> dict[str, Any]
         rates = c["by_length"]["64"]["rates"]
         return sum(rates[a]["held_out_rejected"][0] for a in names if a in rates)
 
+    def degenerate(c: dict[str, Any]) -> bool:  # every honest calibration run measured 0: no spread to estimate
+        return any(t == 0 for n in c["by_length"] for t in c["by_length"][n]["thresholds"])
+
     noise = ("noise-0.1pct", "noise-0.3pct")
-    others = tuple(a for a in REPORTED if a not in noise)
-    ok = [c for c in result["configs"] if c["bytes_per_token"] <= budget and fp(c) == 0]
+    others = tuple(a for a in (*ATTACKS, "int8-fitted") if a not in noise)  # attacks only, never honest runs
+    ok = [c for c in result["configs"] if c["bytes_per_token"] <= budget and fp(c) == 0 and not degenerate(c)]
     return max(ok, key=lambda c: (caught(c, noise), caught(c, others), -c["bytes_per_token"], -len(c["layers"])),
                default=None)
 
