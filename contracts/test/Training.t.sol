@@ -16,6 +16,7 @@ contract TrainingTest is Fixture {
     uint64 internal constant RATE = 0.5e18;
     uint256 internal constant MAX_REQUESTS = 2;
     bytes32 internal constant QUIET = keccak256("run-quiet"); // a run whose draw audits nothing (rate 1e-18)
+    bytes32 internal constant QUIET_HEAD = keccak256("q5"); // the quiet run's ledger head at its step-5 anchor
 
     function setUp() public override {
         super.setUp();
@@ -279,15 +280,20 @@ contract TrainingTest is Fixture {
         tr.registerRun{value: 2 ether}(QUIET, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, 1, 5);
     }
 
+    /// @dev The quiet run registered and anchored at step 5 with head QUIET_HEAD; returns the anchor's index.
+    function anchoredQuiet() internal returns (uint256) {
+        registerQuiet();
+        return anchorOf(QUIET, 5, QUIET_HEAD);
+    }
+
     function request(address who, bytes32 run, uint256 index, uint64 step) internal {
         vm.prank(who);
         tr.requestAudit(run, index, step);
     }
 
     function test_onlyAValidatorWeightedAtTheAnchorMayRequest() public {
-        registerQuiet();
         uint256 lateKey = 0xD00D;
-        uint256 index = anchorOf(QUIET, 5, keccak256("q5"));
+        uint256 index = anchoredQuiet();
         bondAs(vm.addr(lateKey), Staking.Role.Validator, 50 ether); // after the anchor: no weight at its block − 1
         vm.roll(vm.getBlockNumber() + 2);
         vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, prover));
@@ -301,8 +307,7 @@ contract TrainingTest is Fixture {
     }
 
     function test_requestsPerAnchorAreCappedAcrossValidators() public {
-        registerQuiet();
-        uint256 index = anchorOf(QUIET, 5, keccak256("q5"));
+        uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[0], QUIET, index, 1);
         request(vals[1], QUIET, index, 2);
@@ -317,8 +322,7 @@ contract TrainingTest is Fixture {
     }
 
     function test_aRequestNeedsTheDrawAndEndsAtTheNextAnchorOrTheRunsEnd() public {
-        registerQuiet();
-        uint256 index = anchorOf(QUIET, 5, keccak256("q5"));
+        uint256 index = anchoredQuiet();
         vm.expectRevert(abi.encodeWithSelector(Training.DrawNotReady.selector, block.number + 2));
         request(vals[0], QUIET, index, 1);
         vm.roll(vm.getBlockNumber() + 2);
@@ -354,17 +358,15 @@ contract TrainingTest is Fixture {
     }
 
     function test_aRequestedStepSettledInvalidForfeitsTheBond() public {
-        registerQuiet();
-        bytes32 head = keccak256("q5");
-        uint256 index = anchorOf(QUIET, 5, head);
+        uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
-        Training.Vote[] memory early = votesOf(QUIET, 2, 3, head, false, 709);
+        Training.Vote[] memory early = votesOf(QUIET, 2, 3, QUIET_HEAD, false, 709);
         vm.expectRevert(abi.encodeWithSelector(Training.NotAudited.selector, QUIET, uint64(3)));
         tr.submitVotes(QUIET, index, 3, early); // not due before the request
         request(vals[0], QUIET, index, 3);
-        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 1, 3, head, false, 709));
+        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 1, 3, QUIET_HEAD, false, 709));
         assertEq(tr.auditResult(QUIET, 3), 0, "the requester alone settles nothing");
-        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, head, false, 709));
+        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, QUIET_HEAD, false, 709));
         assertEq(tr.auditResult(QUIET, 3), 2, "failed");
         (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(slashed && bond == 0, "slashed");
@@ -372,43 +374,37 @@ contract TrainingTest is Fixture {
     }
 
     function test_aRequestedStepSettledValidKeepsTheBond() public {
-        registerQuiet();
-        bytes32 head = keccak256("q5");
-        uint256 index = anchorOf(QUIET, 5, head);
+        uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[0], QUIET, index, 3);
-        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, head, true, 0));
+        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, QUIET_HEAD, true, 0));
         assertEq(tr.auditResult(QUIET, 3), 1, "passed");
         (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(!slashed && bond == 2 ether, "bond kept");
     }
 
     function test_lateOnARequestedStepSlashes() public {
-        registerQuiet();
-        bytes32 head = keccak256("q5");
-        uint256 index = anchorOf(QUIET, 5, head);
+        uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
         request(vals[1], QUIET, index, 4);
         vm.roll(vm.getBlockNumber() + 20); // the prover never served it
-        tr.submitVotes(QUIET, index, 4, votesOf(QUIET, 2, 4, head, false, tr.LATE_RESPONSE()));
+        tr.submitVotes(QUIET, index, 4, votesOf(QUIET, 2, 4, QUIET_HEAD, false, tr.LATE_RESPONSE()));
         assertEq(tr.auditResult(QUIET, 4), 2, "late is a failed audit");
         (,,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(slashed, "slashed");
     }
 
     function test_aRequestedStepsVerdictWindowCountsFromTheRequest() public {
-        registerQuiet();
-        bytes32 head = keccak256("q5");
-        uint256 index = anchorOf(QUIET, 5, head);
+        uint256 index = anchoredQuiet();
         (,, uint64 anchorBlock,,) = tr.anchors(QUIET, index);
         vm.roll(uint256(anchorBlock) + 90);
         request(vals[0], QUIET, index, 2);
         uint256 deadline = block.number + 100;
         assertEq(tr.verdictDeadline(QUIET, index, 2), deadline, "request block + verdictWindow");
         vm.roll(uint256(anchorBlock) + 1 + 100 + 1); // a drawn step's window would be over
-        tr.submitVotes(QUIET, index, 2, votesOf(QUIET, 1, 2, head, false, 712));
+        tr.submitVotes(QUIET, index, 2, votesOf(QUIET, 1, 2, QUIET_HEAD, false, 712));
         vm.roll(deadline + 1);
-        Training.Vote[] memory late = votesOf(QUIET, 2, 2, head, false, 712);
+        Training.Vote[] memory late = votesOf(QUIET, 2, 2, QUIET_HEAD, false, 712);
         vm.expectRevert(abi.encodeWithSelector(Training.DrawExpired.selector, deadline));
         tr.submitVotes(QUIET, index, 2, late);
         assertEq(tr.auditResult(QUIET, 2), 0, "unsettled after its window");
