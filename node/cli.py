@@ -205,7 +205,7 @@ def verify(
 
     from node.engines.models import get_model_spec, materialise_model
     from node.engines.tokenizer import ModelTokenizer
-    from node.engines.transformers_engine import TransformersEngine, TransformersOptions
+    from node.engines.transformers_engine import TransformersEngine, load_projection_engine
     from node.executer.api import InferencePayload
     from node.profiles import load_profile
     from node.validator.verify import verify_payload
@@ -220,8 +220,7 @@ def verify(
     _, profile = load_profile(spec)
     engine = TransformersEngine(files.path, spec.name)
     # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (protocol.md §12)
-    projection_engine = None if spec.projection is None or not spec.needs_projection_engine else TransformersEngine(
-        files.path, spec.name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
+    projection_engine = load_projection_engine(files.path, spec)
     report = verify_payload(data, files, ModelTokenizer(files.path, spec.chat), engine, profile.stage2_thresholds(),
                             projection=profile.projection_thresholds(), projection_engine=projection_engine)
     scores = report.measurements.as_dict() if report.measurements else {}

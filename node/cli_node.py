@@ -76,7 +76,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
     from chain.contracts import Hub
     from node.engines.models import get_model_spec, materialise_model
     from node.engines.tokenizer import ModelTokenizer
-    from node.engines.transformers_engine import TransformersEngine, TransformersOptions
+    from node.engines.transformers_engine import TransformersEngine, TransformersOptions, load_projection_engine
     from node.keys import read_password, unlock_keystore
     from node.profiles import load_profile
     from node.store.leveldb import Store
@@ -97,8 +97,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
                                               stock=profile.stock_thresholds())
             continue
         # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (§12)
-        projection_engine = None if spec.projection is None or not spec.needs_projection_engine else TransformersEngine(
-            files.path, name, TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
+        projection_engine = load_projection_engine(files.path, spec)
         slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat),
                                           TransformersEngine(files.path, name, TransformersOptions()),
                                           profile.stage2_thresholds(), projection=profile.projection_thresholds(),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -177,10 +178,11 @@ def build(model: str, dtype: str, attacks: bool = True, vllm: bool = False) -> t
     the campaign's layers (LAYERS, set here from the model's depth)."""
     spec = get_model_spec(model)
     files = materialise_model(spec)
-    probe = load_engine(files.path, model)
-    LAYERS[:] = recorded_layers(probe.model.config.num_hidden_layers)
+    validator = load_engine(files.path, model)
+    num_layers = validator.model.config.num_hidden_layers
+    LAYERS[:] = recorded_layers(num_layers)
     opts = {"record_layers": tuple(LAYERS)}
-    validator = load_engine(files.path, model, **opts)
+    validator.options = dataclasses.replace(validator.options, record_layers=tuple(LAYERS))  # hooks: read per call
     honest = validator if dtype == "float32" else load_engine(files.path, model, dtype=dtype, **opts)
     lab = Lab(files, ModelTokenizer(files.path, spec.chat), validator, {}, load_prompts(), 64, honest=honest,
               dtype=dtype)
@@ -199,7 +201,7 @@ def build(model: str, dtype: str, attacks: bool = True, vllm: bool = False) -> t
         "noise-0.1pct-deep": make_noisy_deep_engine(honest, 0.001, seed=7),
         "noise-0.3pct-deep": make_noisy_deep_engine(honest, 0.003, seed=7),
         "int8": make_int8_engine(validator),
-        "skip-layer": make_skip_layer_engine(honest, layer=probe.model.config.num_hidden_layers // 2),
+        "skip-layer": make_skip_layer_engine(honest, layer=num_layers // 2),
         # fitted on public prompts the campaign never uses (the last 8 of the prompt set)
         "fit-v1": make_fit_v1_engine(honest, lab, range(len(lab.prompts) - 8, len(lab.prompts))),
     }

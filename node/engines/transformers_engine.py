@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from node.engines.base import Engine, EngineInfo, FinishReason, Generation, GenerationRequest, Prefill
 from node.engines.compiled_sampler import sample_positions_compiled
 from node.engines.llama_prefill import compute_logits, compute_prefill_hidden, is_supported
+from node.engines.models import ModelSpec
 from node.errors import InvalidParams, Reason
 from node.protocol.sampler import PositionSample, SamplingParams
 from node.protocol.seed import compute_sampler_uniforms
@@ -275,3 +276,12 @@ class TransformersEngine(Engine):
             finish_reason=row.finish,
             layers=np.concatenate(row.layers, axis=1) if row.layers else None,
         )
+
+
+def load_projection_engine(path: Path, spec: ModelSpec) -> TransformersEngine | None:
+    """Return the engine a validator recomputes kind-1 sources with (the registered dtype, recording the
+    projection's decoder layers), or None where stage 2's own prefill serves (ModelSpec.needs_projection_engine)."""
+    if spec.projection is None or not spec.needs_projection_engine:
+        return None
+    return TransformersEngine(path, spec.name,
+                              TransformersOptions(dtype=spec.dtype, record_layers=spec.projection.decoder_layers()))
