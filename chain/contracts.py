@@ -60,6 +60,7 @@ class Status(IntEnum):
     UNCHECKED = 5
     EXPIRED = 6
     FRAUD = 7
+    UNCHECKABLE = 8  # fewer than minCommittee validators eligible at the commit: fee and bond refunded
 
 
 class HubConfig(BaseModel):
@@ -423,6 +424,9 @@ def send(w3: Web3, account: LocalAccount, fn: Any, value: int = 0, timeout: floa
 
 
 MODULE_ROLE = keccak(text="MODULE_ROLE")  # the hub's role for modules that may slash (slashForModule)
+# StakeQuorum.weightDelay of the modules a devnet or test deploys: blocks a validator's stake must stand before a
+# quorum's reference block to count (a real network sets hours of blocks; docs/security.md, issue 30 finding 5)
+WEIGHT_DELAY = 4
 
 
 class ModuleClient:

@@ -20,7 +20,7 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import MODULE_ROLE, Hub, ModuleClient
+from chain.contracts import MODULE_ROLE, WEIGHT_DELAY, Hub, ModuleClient
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "SpotCheck.json"
 DOMAIN_NAME, DOMAIN_VERSION = "verinfer-spotcheck", "1"
@@ -118,9 +118,10 @@ class SpotCheckClient(ModuleClient):
                                measurement_root, valid, reason, policy_digest))
 
 
-def deploy_spotcheck(w3: Web3, account: LocalAccount, hub: Hub, min_signers: int = 2) -> SpotCheckClient:
+def deploy_spotcheck(w3: Web3, account: LocalAccount, hub: Hub, min_signers: int = 2,
+                     weight_delay: int = WEIGHT_DELAY) -> SpotCheckClient:
     """Deploy the module beside `hub` and grant it MODULE_ROLE (`account` must be the hub's admin)."""
-    return SpotCheckClient.deploy_beside(w3, account, hub, min_signers)
+    return SpotCheckClient.deploy_beside(w3, account, hub, min_signers, weight_delay)
 
 
 __all__ = ["MODULE_ROLE", "SpotCheckClient", "WindowResult", "WindowVote", "compute_window_digest",

@@ -22,7 +22,7 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import decode_revert, send, translate_module_error
+from chain.contracts import WEIGHT_DELAY, decode_revert, send, translate_module_error
 from chain.errors import ChainError
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "Training.json"
@@ -116,6 +116,7 @@ class TrainingDeployConfig:
     min_signers: int = 2
     verdict_window: int = 100
     max_requests: int = 4  # requested audits per anchor, all validators together (requestAudit)
+    weight_delay: int = WEIGHT_DELAY  # blocks a validator's stake must stand before an anchor to count (StakeQuorum)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class TrainingContract:
             receipt = send(w3, account, factory.constructor(Web3.to_checksum_address(cfg.hub),
                                                             Web3.to_checksum_address(cfg.treasury), cfg.min_bond,
                                                             cfg.min_signers, cfg.verdict_window,
-                                                            cfg.max_requests))
+                                                            cfg.max_requests, cfg.weight_delay))
         except ChainError as exc:
             raise _translate(exc) from exc
         return cls(w3, str(receipt["contractAddress"])), receipt

@@ -148,4 +148,10 @@ def sim(
     if result.chain is not None:
         console.print(render_chain(result))
     console.print(f"{result.elapsed_s:.0f} s; JSON {json_path}, plot {plot_path}, record {result.record_path}")
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(compute_sim_exit_code(result.ok, f))
+
+
+def compute_sim_exit_code(ok: bool, feasibility: dict[str, Any] | None) -> int:
+    """Return the sim's exit code: 0 only if exactly the cheaters failed and the measured (X, Y, Z) are sound."""
+    sound = feasibility is None or bool(feasibility["sound"])  # None: no feasibility measured in this run
+    return 0 if ok and sound else 1

@@ -139,6 +139,13 @@ def measure(tokens: int) -> dict[str, Any]:
                 gas[f"submitVerdicts ({size} signatures, {label})"] = int(receipt["gasUsed"])
             gas[f"submitVerdicts per validator, quorum of {size} (steady)"] = round(
                 gas[f"submitVerdicts ({size} signatures, steady)"] / size)
+            if size == 3:  # a forgery called valid by the whole committee: the proof slashes and jails all three
+                inference_id, art, c, _ = bench.request_commit(tokens, forge_at=tokens // 2)
+                bench.hub.submit_verdicts(bench.requester, inference_id, c, bench.votes(inference_id, art.root, size))
+                proof = compute_leaf_proof(art, tokens // 2)
+                receipt = bench.hub.prove_fraud(bench.requester, inference_id, c, keccak256(encode_header(art.header)),
+                                                encode_leaf(art.positions, tokens // 2), proof)
+                gas["proveFraud after 3 valid verdicts (operator + 3 validators slashed)"] = int(receipt["gasUsed"])
     return gas
 
 

@@ -16,8 +16,9 @@ interface IOperatorHub is IValidatorSet {
 /// @title Memory spot-check windows: an operator opens a run, the hub's validators vote on each device window,
 ///        and a window failed by a supermajority slashes and jails the operator on the hub, once per run.
 /// @dev Its own EIP-712 domain, so a window verdict can never pass for an inference verdict. Runs are keyed by
-///      (operator, runId): nobody can open, and so squat, another operator's run. Weights are the hub's at the
-///      end of the block before the opening: stake bonded after it cannot vote on the run.
+///      (operator, runId): nobody can open, and so squat, another operator's run. Weights are the hub's settled
+///      weights (StakeQuorum) at the end of the block before the opening: stake bonded after it, or less than
+///      weightDelay blocks before it, cannot vote on the run nor count in its reference total.
 contract SpotCheck is EIP712, StakeQuorum {
     uint8 private constant OPERATOR = 1; // Staking.Role.Operator
     bytes32 public constant VERDICT_TYPEHASH = keccak256(
@@ -51,7 +52,10 @@ contract SpotCheck is EIP712, StakeQuorum {
     error NoSuchRun(address operator, bytes32 runId);
     error AlreadySettled(bytes32 windowId);
 
-    constructor(IOperatorHub hub_, uint256 minSigners_) EIP712("verinfer-spotcheck", "1") StakeQuorum(hub_, minSigners_) {}
+    constructor(IOperatorHub hub_, uint256 minSigners_, uint256 weightDelay_)
+        EIP712("verinfer-spotcheck", "1")
+        StakeQuorum(hub_, minSigners_, weightDelay_)
+    {}
 
     /// @notice Open a spot-check run for the sender, a bonded operator; its weight block is the block before.
     function openRun(bytes32 runId) external {

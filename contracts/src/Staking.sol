@@ -37,9 +37,16 @@ abstract contract Staking is ReentrancyGuard {
     uint256 public immutable unbondingDelay;
 
     mapping(address => Staker) public stakers;
-    address[] public validators; // index is stable (a withdrawn validator's slot is never reused); it is the vote-bitmap bit
+    /// @notice Validator slots; a slot's index is its vote-bitmap bit. A slot is freed when its validator's stake
+    ///         leaves (`withdraw`) and the next new validator takes it: nobody can close the set by bonding and
+    ///         leaving (issue 31). Reuse is safe because withdrawal waits `unbondingDelay` blocks, longer than the
+    ///         commit + fraud windows, and the weight is 0 from the unbonding on: no inference still in a window
+    ///         can have drawn or recorded the slot's previous holder.
+    address[] public validators;
     mapping(address => uint256) internal validatorSlot; // index + 1 in `validators`, 0 for none
     mapping(address => Checkpoints.Trace208) internal weightHistory; // committee weight by block number
+    uint256[] internal freeSlots; // indexes of slots whose validator withdrew, taken by the next new validator
+    Checkpoints.Trace208 internal eligibleHistory; // number of validators with weight > 0, by block number
     /// @dev Withdrawable fees, rewards and refunds plus one: a slot is opened (set to 1) by whoever joins —
     ///      a staker at its bond, a requester at its request, the treasury at deployment — so the first
     ///      credit a verdict pays never writes a fresh storage slot (20k gas) inside a validator's submission.
@@ -91,11 +98,7 @@ abstract contract Staking is ReentrancyGuard {
         uint256 minimum = role == Role.Operator ? minOperatorStake : minValidatorStake;
         if (stake < minimum) revert StakeTooLow(stake, minimum);
         if (s.role == Role.None) {
-            if (role == Role.Validator) {
-                if (validators.length >= MAX_VALIDATORS) revert TooManyValidators();
-                validators.push(msg.sender);
-                validatorSlot[msg.sender] = validators.length;
-            }
+            if (role == Role.Validator) _takeSlot(msg.sender);
             s.role = role;
             s.spoofP = uint64(_prior());
             s.bondBlock = uint32(block.number);
@@ -126,6 +129,11 @@ abstract contract Staking is ReentrancyGuard {
         uint256 amount = s.stake;
         s.stake = 0;
         totalStaked -= amount;
+        uint256 slot = validatorSlot[msg.sender];
+        if (slot != 0) {
+            validatorSlot[msg.sender] = 0;
+            freeSlots.push(slot - 1);
+        }
         emit Withdrawn(msg.sender, amount);
         Address.sendValue(payable(msg.sender), amount);
     }
@@ -140,9 +148,30 @@ abstract contract Staking is ReentrancyGuard {
         Address.sendValue(payable(msg.sender), amount);
     }
 
-    /// @notice Number of validator slots ever taken.
+    /// @notice Number of validator slots (taken or free: a free slot holds its last validator, weight 0).
     function validatorCount() external view returns (uint256) {
         return validators.length;
+    }
+
+    /// @notice Number of validators with committee weight at the end of block `blockNumber`.
+    function eligibleCountAt(uint256 blockNumber) public view returns (uint256) {
+        return eligibleHistory.upperLookup(uint48(blockNumber));
+    }
+
+    /// @dev Give a new validator a freed slot, or a new one below MAX_VALIDATORS.
+    function _takeSlot(address who) private {
+        uint256 free = freeSlots.length;
+        uint256 index;
+        if (free != 0) {
+            index = freeSlots[free - 1];
+            freeSlots.pop();
+            validators[index] = who;
+        } else {
+            if (validators.length >= MAX_VALIDATORS) revert TooManyValidators();
+            index = validators.length;
+            validators.push(who);
+        }
+        validatorSlot[who] = index + 1;
     }
 
     function _prior() internal pure virtual returns (uint256);
@@ -202,9 +231,15 @@ abstract contract Staking is ReentrancyGuard {
     function _checkpointWeight(address who) internal {
         Staker storage s = stakers[who];
         if (s.role != Role.Validator) return;
-        // the previous and new values it returns are not needed: the history is read by block number
+        uint256 weight = _currentWeight(s);
+        // the history is read by block number: push's returned previous and new values are the ones compared here
         // slither-disable-next-line unused-return
-        weightHistory[who].push(uint48(block.number), uint208(_currentWeight(s)));
+        (uint256 before,) = weightHistory[who].push(uint48(block.number), uint208(weight));
+        if ((before == 0) != (weight == 0)) {
+            uint256 count = eligibleHistory.latest();
+            // slither-disable-next-line unused-return
+            eligibleHistory.push(uint48(block.number), uint208(weight == 0 ? count - 1 : count + 1));
+        }
     }
 
     /// @notice A validator's committee weight as it stood at the end of block `blockNumber`.

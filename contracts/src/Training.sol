@@ -107,8 +107,9 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         uint256 minBond_,
         uint256 minSigners_,
         uint256 verdictWindow_,
-        uint256 maxRequests_
-    ) EIP712("verinfer-training", "1") StakeQuorum(hub_, minSigners_) {
+        uint256 maxRequests_,
+        uint256 weightDelay_
+    ) EIP712("verinfer-training", "1") StakeQuorum(hub_, minSigners_, weightDelay_) {
         if (verdictWindow_ == 0 || verdictWindow_ > 250 || treasury_ == address(0)) revert BadParams();
         treasury = treasury_;
         minBond = minBond_;
@@ -242,7 +243,7 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         Run storage r = _running(runId);
         if (index + 1 != r.anchors) revert PastRequestHorizon(index, r.anchors);
         Anchor storage a = anchors[runId][index];
-        if (hub.weightAt(msg.sender, uint256(a.blockNumber) - 1) == 0) revert NotAValidator(msg.sender);
+        if (settledWeightAt(msg.sender, uint256(a.blockNumber) - 1) == 0) revert NotAValidator(msg.sender);
         if (step < a.firstStep || step > a.lastStep) revert BadWindow(a.firstStep, a.lastStep);
         if (requestedAt[runId][step] != 0 || isAudited(runId, index, step)) revert AlreadyDue(runId, step);
         uint256 n = requestCount[runId][index];

@@ -3,7 +3,6 @@ pragma solidity 0.8.28;
 
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
-import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {Protocol} from "./Protocol.sol";
 import {ProtocolViews} from "./ProtocolViews.sol";
 import {Staking} from "./Staking.sol";
@@ -28,7 +27,8 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         Invalid,
         Unchecked,
         Expired,
-        Fraud
+        Fraud,
+        Uncheckable // fewer than minCommittee validators were eligible at the commit: fee and bond refunded
     }
 
     struct Inference {
@@ -426,15 +426,19 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         return slot != 0 && inferences[id].voted & (uint64(1) << uint64(slot - 1)) != 0;
     }
 
-    /// @notice Settle an inference whose check window ended without a quorum (or that was not checked).
+    /// @notice Settle an inference whose check window ended without a quorum (or that was not checked). One
+    ///         that could never have had a full committee (fewer than minCommittee validators eligible at the
+    ///         commit, while its model is checked) is neither paid as checked nor paid unjudged: the requester
+    ///         gets fee and bond back (Uncheckable).
     function finalize(uint256 id) external {
         Inference storage inf = inferences[id];
         if (inf.status != Status.Committed) revert WrongStatus(id, inf.status);
         uint256 endsAt = uint256(inf.commitBlock) + checkWindow;
         if (block.number <= endsAt) revert CheckWindowOpen(endsAt);
-        inf.status = Status.Unchecked;
-        _pay(inf, inf.operator);
-        emit InferenceSettled(id, Status.Unchecked, stakers[inf.operator].spoofP);
+        bool uncheckable = inf.checkRate != 0 && eligibleCountAt(uint256(inf.commitBlock) - 1) < minCommittee;
+        inf.status = uncheckable ? Status.Uncheckable : Status.Unchecked;
+        _pay(inf, uncheckable ? inf.requester : inf.operator);
+        emit InferenceSettled(id, inf.status, stakers[inf.operator].spoofP);
     }
 
     function _settle(uint256 id, Inference storage inf, bool valid) private {
@@ -512,7 +516,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     ) external nonReentrant {
         Inference storage inf = inferences[id];
         Status status = _requireProvable(id, inf, c);
-        if (leaf.length != 0) positionsRoot = MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
+        if (leaf.length != 0) positionsRoot = protocolViews.computePositionsRoot(leaf, proof);
         if (Protocol.computeArtifactRoot(keccak256(header), positionsRoot) != c.artifactRoot) {
             revert ArtifactRootMismatch();
         }
@@ -547,11 +551,19 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         return status;
     }
 
-    /// @dev A proven forgery: the requester gets its fee back (if not settled yet), the operator is slashed and jailed.
+    /// @dev A proven forgery: the requester gets its fee back (if not settled yet), the operator is slashed and jailed,
+    ///      and so is every committee member whose recorded verdict called the artifact valid: stage 1 is exact and
+    ///      checks every position, so a validator that ran it never signs valid over a provable forgery. A verdict
+    ///      copied from gossip instead of checked carries that liability (docs/security.md, judges accountable).
     function _convict(uint256 id, Inference storage inf, Status status, uint32 position, uint16 reason) private {
         inf.status = Status.Fraud;
         if (status == Status.Committed) _pay(inf, inf.requester);
         _punishForgery(id, inf.operator);
+        uint64 contradicted = inf.voted & ~inf.votedInvalid;
+        for (uint256 i; contradicted != 0; ++i) {
+            if (contradicted & 1 != 0) _punishForgery(id, validators[i]);
+            contradicted >>= 1;
+        }
         emit FraudProven(id, msg.sender, position, reason);
     }
 
@@ -564,22 +576,23 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         bytes calldata leaf,
         bytes32[] calldata proof
     ) private view returns (uint32 position, uint16 reason) {
-        bytes32 positionsRoot = MerkleProof.processProofCalldata(proof, Protocol.computeLeafHash(leaf));
-        if (Protocol.computeArtifactRoot(headerHash, positionsRoot) != artifactRoot) revert ArtifactRootMismatch();
         Model storage m = models[inf.modelId];
-        position = Protocol.decodeLeafPosition(leaf);
-        uint256 v = Protocol.computeSamplerUniform(Protocol.computeRunSeed(inf.userSeed, id), position);
-        reason = Protocol.findPositionViolation(leaf, m.k, v, m.vocabSize);
+        bool inArtifact;
+        // the arithmetic runs in ProtocolViews (the same library code): the hub's runtime stays under EIP-170
+        (inArtifact, position, reason) =
+            protocolViews.findForgery(artifactRoot, headerHash, leaf, proof, m.k, m.vocabSize, inf.userSeed, id);
+        if (!inArtifact) revert ArtifactRootMismatch();
         if (reason == Protocol.OK) revert NotFraud(position);
     }
 
-    function _punishForgery(uint256 id, address operator) private {
-        uint256 amount = _slash(operator, fraudSlashBps, type(uint256).max, bytes32(id));
+    /// @dev Slash `who` by fraudSlashBps (the prover's reward, the rest to the treasury), P = P_MAX, jail.
+    function _punishForgery(uint256 id, address who) private {
+        uint256 amount = _slash(who, fraudSlashBps, type(uint256).max, bytes32(id));
         uint256 reward = amount * proverRewardBps / 10_000;
         _credit(msg.sender, reward);
         _credit(treasury, amount - reward);
-        stakers[operator].spoofP = uint64(Protocol.P_MAX);
-        _jail(operator);
+        stakers[who].spoofP = uint64(Protocol.P_MAX);
+        _jail(who);
     }
 
     // ---- modules ---------------------------------------------------------------------------------
@@ -596,8 +609,23 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
     }
 
     /// @notice An inference's stored record.
+    /// @dev Decoded by ProtocolViews from the record's six storage words and returned as its ABI bytes unchanged:
+    ///      the compiler's own encoder for this 17-field struct cost 850 bytes of the hub's EIP-170 budget.
     function getInference(uint256 id) external view returns (Inference memory) {
-        return inferences[id];
+        Inference storage inf = inferences[id];
+        bytes32[6] memory words;
+        assembly ("memory-safe") {
+            let slot := inf.slot
+            for { let i := 0 } lt(i, 6) { i := add(i, 1) } { mstore(add(words, mul(i, 32)), sload(add(slot, i))) }
+        }
+        bytes memory input = abi.encodeCall(ProtocolViews.decodeInference, (words));
+        address views = address(protocolViews);
+        assembly {
+            let ok := staticcall(gas(), views, add(input, 32), mload(input), 0, 0)
+            returndatacopy(0, 0, returndatasize())
+            if iszero(ok) { revert(0, returndatasize()) }
+            return(0, returndatasize())
+        }
     }
 
     function _prior() internal pure override returns (uint256) {

@@ -107,6 +107,31 @@ contract FraudTest is Fixture {
         assertSolvent();
     }
 
+    /// @dev Issue 30 finding 6: a validator that signs `valid` without checking (copying a gossiped verdict) used
+    ///      to keep its stake and its pay whatever the truth. A fraud proof now contradicts every recorded valid
+    ///      verdict: each of those signers is slashed (fraudSlashBps) and jailed; an invalid voter and a member
+    ///      who did not vote keep everything.
+    function test_aFraudProofSlashesTheValidatorsWhoCalledTheForgeryValid() public {
+        (uint256 id, bytes memory l1, bytes32[] memory proof, bytes32 root) = commitArtifact(true);
+        vm.roll(vm.getBlockNumber() + 2);
+        uint256[] memory keys = committeeKeys(id);
+        hub.submitVerdicts(id, commitment(root), votes1(vote(keys[0], id, root, true))); // the copier
+        hub.submitVerdicts(id, commitment(root), votes1(vote(keys[1], id, root, false))); // the checker
+        address copier = vm.addr(keys[0]);
+        address checker = vm.addr(keys[1]);
+        address silent = vm.addr(keys[2]);
+        uint256 checkerStake = stakeOf(checker);
+        address prover = address(0xF00D);
+        vm.prank(prover);
+        hub.proveFraud(id, commitment(root), HEADER_HASH, l1, proof);
+        assertEq(stakeOf(copier), 0, "the valid verdict over a provable forgery costs its signer's stake");
+        assertTrue(isJailed(copier), "and jails it: no more committees");
+        assertEq(stakeOf(checker), checkerStake, "the invalid voter keeps its stake");
+        assertTrue(!isJailed(checker) && !isJailed(silent), "nobody else jailed");
+        assertEq(hub.credits(prover), 1 ether + 0.5 ether, "10 % of the operator's and of the copier's stake");
+        assertSolvent();
+    }
+
     function testFuzz_onlyWrongChoicesAreProvable(uint32 chosen) public {
         chosen = uint32(bound(chosen, 0, 63));
         uint256 id = hub.nextInferenceId() + 1;

@@ -16,11 +16,13 @@ contract SpotCheckTest is Fixture {
     bytes32 internal constant WINDOW = keccak256("window-0");
     bytes32 internal constant ROOT = keccak256("measurement");
     bytes32 internal constant POLICY = keccak256("policy");
+    uint256 internal constant WEIGHT_DELAY = 4;
 
     function setUp() public override {
         super.setUp();
-        sc = new SpotCheck(IOperatorHub(address(hub)), 2);
+        sc = new SpotCheck(IOperatorHub(address(hub)), 2, WEIGHT_DELAY);
         hub.grantRole(hub.MODULE_ROLE(), address(sc));
+        vm.roll(vm.getBlockNumber() + WEIGHT_DELAY); // the validators' stake (bonded at 100) has settled
         vm.prank(op);
         sc.openRun(RUN);
         vm.roll(vm.getBlockNumber() + 1);
@@ -137,5 +139,57 @@ contract SpotCheckTest is Fixture {
         hub.grantRole(hub.MODULE_ROLE(), address(this));
         vm.expectRevert(abi.encodeWithSelector(Verinfer.NotOperator.selector, vals[0]));
         hub.slashForModule(vals[0], bytes32(0));
+    }
+
+    /// @dev Issue 30 finding 5: the accused picks the block that fixes the quorum. A friend's stake bonded one block
+    ///      before the opening used to join the reference total, so the honest 2/3 could never be reached and the
+    ///      failed window never settled. Settled weight leaves it out of the total and out of the vote.
+    function test_aFriendBondedJustBeforeTheOpeningCannotInflateTheQuorum() public {
+        address friend = vm.addr(0xF00D);
+        bondAs(friend, Staking.Role.Validator, 100 ether); // 100 ETH against the honest 15: > 1/3 if it counted
+        vm.roll(vm.getBlockNumber() + 1);
+        bytes32 run = keccak256("spot-run-friend");
+        vm.prank(op);
+        sc.openRun(run);
+        vm.roll(vm.getBlockNumber() + 1);
+        (uint256 total, uint256 eligible) = sc.eligibleAt(vm.getBlockNumber() - 2);
+        assertEq(total, 15 ether, "the friend's unsettled stake is not in the reference total");
+        assertEq(eligible, 3, "three settled validators");
+        SpotCheck.Vote[] memory byFriend = new SpotCheck.Vote[](1);
+        bytes32 digest = sc.verdictDigest(op, run, WINDOW, ROOT, true, 0, POLICY);
+        (uint8 v, bytes32 r, bytes32 s) = vm.sign(0xF00D, digest);
+        byFriend[0] = SpotCheck.Vote({
+            valid: true, reason: 0, measurementRoot: ROOT, policyDigest: POLICY, signature: abi.encodePacked(r, s, v)
+        });
+        vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, friend));
+        sc.submitVotes(op, run, WINDOW, byFriend);
+        // the friend unbonds at once: it leaves nothing behind that the quorum waits for
+        vm.prank(friend);
+        hub.requestUnbond();
+        SpotCheck.Vote[] memory honest = new SpotCheck.Vote[](2);
+        for (uint256 i; i < 2; ++i) {
+            (v, r, s) = vm.sign(VAL_KEYS[i], sc.verdictDigest(op, run, WINDOW, ROOT, false, 800, POLICY));
+            honest[i] = SpotCheck.Vote({
+                valid: false, reason: 800, measurementRoot: ROOT, policyDigest: POLICY, signature: abi.encodePacked(r, s, v)
+            });
+        }
+        sc.submitVotes(op, run, WINDOW, honest);
+        assertEq(sc.windowResult(op, run, WINDOW), 2, "two honest validators of 15 ETH settle the failed window");
+        (,, bool jailed) = opStake();
+        assertTrue(jailed, "the accused is jailed");
+    }
+
+    /// @dev Settled weight as a rule: for any bond block and any reference block, a validator counts in the
+    ///      reference total only if its stake stood weightDelay blocks before the reference block.
+    function testFuzz_noQuorumCountsStakeBondedWithinTheDelay(uint256 gap) public {
+        gap = bound(gap, 0, 3 * WEIGHT_DELAY);
+        address late = vm.addr(0xF00E);
+        bondAs(late, Staking.Role.Validator, 7 ether);
+        uint256 bonded = vm.getBlockNumber();
+        vm.roll(bonded + gap + 1);
+        uint256 w = sc.settledWeightAt(late, bonded + gap);
+        assertEq(w, gap >= WEIGHT_DELAY ? 7 ether : 0, "settled only after the delay");
+        (uint256 total,) = sc.eligibleAt(bonded + gap);
+        assertEq(total, gap >= WEIGHT_DELAY ? 22 ether : 15 ether, "reference total");
     }
 }

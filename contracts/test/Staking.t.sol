@@ -63,6 +63,53 @@ contract StakingTest is Fixture {
         hub.bond{value: 1 ether}(Staking.Role.Validator);
     }
 
+    /// @dev Issue 31 finding 3: 61 sybils bonded, unbonded and withdrew everything (gas only), and every later
+    ///      validator reverted TooManyValidators for good. A withdrawn validator's slot is now reused.
+    function test_slotsOfWithdrawnValidatorsAreReusedSoTheSetCannotBeClosed() public {
+        uint256 first = hub.validatorCount();
+        for (uint256 i = first; i < hub.MAX_VALIDATORS(); ++i) {
+            address sybil = address(uint160(0x10000 + i));
+            bondAs(sybil, Staking.Role.Validator, 1 ether);
+            vm.prank(sybil);
+            hub.requestUnbond();
+        }
+        vm.roll(vm.getBlockNumber() + 601);
+        for (uint256 i = first; i < hub.MAX_VALIDATORS(); ++i) {
+            vm.prank(address(uint160(0x10000 + i)));
+            hub.withdraw();
+        }
+        assertEq(hub.eligibleCountAt(vm.getBlockNumber()), 3, "only the three honest validators are eligible");
+        bondAs(NEW, Staking.Role.Validator, 1000 ether);
+        assertEq(hub.validatorCount(), hub.MAX_VALIDATORS(), "no new slot: a freed one");
+        address holder = hub.validators(hub.MAX_VALIDATORS() - 1);
+        assertEq(holder, NEW, "the newcomer holds the last freed slot");
+        assertEq(hub.eligibleCountAt(vm.getBlockNumber()), 4, "and counts");
+        // a withdrawn sybil cannot come back into its old slot (its record stays unbonding), nor vote
+        vm.deal(address(uint160(0x10000 + first)), 1 ether);
+        vm.prank(address(uint160(0x10000 + first)));
+        vm.expectRevert(abi.encodeWithSelector(Staking.Unbonding.selector, address(uint160(0x10000 + first))));
+        hub.bond{value: 1 ether}(Staking.Role.Validator);
+        assertSolvent();
+    }
+
+    /// @dev Issue 31 finding 3: once the set fell below minCommittee, garbage commits finalised unchecked and were
+    ///      paid. An inference whose commit saw fewer than minCommittee eligible validators is refunded instead.
+    function test_anInferenceThatCouldNotGetAFullCommitteeIsRefundedNotPaid() public {
+        vm.prank(vals[0]);
+        hub.requestUnbond(); // two eligible validators left, minCommittee is 3
+        vm.roll(vm.getBlockNumber() + 1);
+        uint256 id = committed(keccak256("garbage"));
+        (bool checked,) = hub.selectionOf(id);
+        assertTrue(!checked, "no committee can be drawn");
+        uint256 opBefore = hub.credits(op);
+        vm.roll(vm.getBlockNumber() + 101);
+        hub.finalize(id);
+        assertEq(uint8(statusOf(id)), uint8(Verinfer.Status.Uncheckable), "uncheckable");
+        assertEq(hub.credits(op), opBefore, "the operator is not paid for an unjudged commit");
+        assertEq(hub.credits(REQUESTER), FEE + BOND, "fee and bond back to the requester");
+        assertSolvent();
+    }
+
     function test_requestUnbondRevertsForStrangersAndTwice() public {
         vm.prank(NEW);
         vm.expectRevert(abi.encodeWithSelector(Staking.WrongRole.selector, NEW, Staking.Role.None));

@@ -20,7 +20,8 @@ contract TrainingTest is Fixture {
 
     function setUp() public override {
         super.setUp();
-        tr = new Training(IValidatorSet(address(hub)), TREASURY, 1 ether, 2, 100, MAX_REQUESTS);
+        tr = new Training(IValidatorSet(address(hub)), TREASURY, 1 ether, 2, 100, MAX_REQUESTS, 4);
+        vm.roll(vm.getBlockNumber() + 4); // the validators' stake (bonded at 100) has settled (weightDelay)
         prover = vm.addr(PROVER_KEY);
         vm.deal(prover, 10 ether);
         vm.prank(prover);

@@ -20,7 +20,7 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 from web3.types import RPCEndpoint
 
-from chain.contracts import Hub, HubConfig, Role
+from chain.contracts import WEIGHT_DELAY, Hub, HubConfig, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
 from chain.errors import ContractReverted
@@ -86,7 +86,10 @@ def open_devnet(device_ids: Sequence[str], log_path: Path | None = None) -> Iter
         operators = {d: dev_account(FIRST_OPERATOR + i) for i, d in enumerate(device_ids)}
         for op in operators.values():
             hub.bond(op, Role.OPERATOR, OPERATOR_STAKE)
-        yield SpotDevnet(w3, hub, deploy_spotcheck(w3, admin, hub), validators, operators)
+        spotcheck = deploy_spotcheck(w3, admin, hub)
+        for _ in range(WEIGHT_DELAY):  # the validators' stake settles before any run opens (StakeQuorum)
+            w3.provider.make_request(RPCEndpoint("evm_mine"), [])
+        yield SpotDevnet(w3, hub, spotcheck, validators, operators)
 
 
 def process_open_runs(devnet: SpotDevnet, run_id: str) -> dict[str, int]:

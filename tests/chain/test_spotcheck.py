@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from chain.contracts import WEIGHT_DELAY
 from chain.errors import ContractReverted
 from chain.spotcheck import WindowResult, WindowVote, compute_window_digest, deploy_spotcheck, sign_window_vote
 from tests.chain.conftest import Net
@@ -18,6 +19,7 @@ def test_a_failed_window_slashes_and_jails_the_operator_once_and_a_passed_one_co
     net = anvil_net
     sc = deploy_spotcheck(net.w3, net.admin, net.hub)
     chain_id = net.hub.chain_id()
+    net.mine(WEIGHT_DELAY)  # the validators' stake has settled before the opening (StakeQuorum.weightDelay)
     sc.open_run(RUN, net.operator)
     net.mine(1)
     op = net.operator.address
