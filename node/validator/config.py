@@ -66,6 +66,11 @@ class ValidatorConfig(BaseSettings):
                               "one batched forward pass (1: one inference at a time)")
     batch_wait: float = Field(0.02, ge=0, le=1, description="seconds a prefill waits for others to join its batch")
     fetch_retries: int = Field(5, ge=1)
+    unavailable_margin_blocks: int = Field(20, ge=1, description="a payload nobody serves is asked for again until "
+                                           "this many blocks of its check window are left; then the vote says "
+                                           "PAYLOAD_UNAVAILABLE (room for the vote to be gossiped and mined)")
+    unavailable_retry_delay: float = Field(5.0, gt=0, description="longest wait (s) between two rounds of asking for "
+                                           "a payload not served yet")
     check_attempts: int = Field(3, ge=1, description="tries of a check that fails unexpectedly (a bug, not the "
                                 "chain or a peer) before the job is given up; transient failures retry until the "
                                 "check window closes")

@@ -85,6 +85,8 @@ GOSSIP_RETRIES = 20  # a vote whose committee or commitment the chain cannot tel
 # Failures a later retry can cure: the chain, a peer or the network. Anything else is a bug or a
 # hostile input that slipped through: retried `check_attempts` times, then the job is given up.
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
+# One place to ask for a payload: its name, the fetch, what to do with a bad answer, whether it is the operator's own.
+Source = tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None], bool]
 
 
 @dataclass
@@ -291,6 +293,7 @@ class ValidatorNode:
         self._commitments: dict[int, Commitment] = {}
         self._ballots: dict[int, Ballot] = {}
         self._attempts: dict[int, int] = {}
+        self._unavailable: dict[int, int] = {}  # rounds a payload was asked for and not served, per inference
         self._check_window: int | None = None
         self._submit_wake = asyncio.Event()
         self._failure: BaseException | None = None  # a fatal error in a submission task, raised by the service
@@ -460,6 +463,7 @@ class ValidatorNode:
         self.store.forget_inference(inference_id)
         self._ballots.pop(inference_id, None)
         self._attempts.pop(inference_id, None)
+        self._unavailable.pop(inference_id, None)
         log.debug("inference done", extra={"inference_id": inference_id, "why": why})
 
     # ---- verify -----------------------------------------------------------------------------------
@@ -523,6 +527,21 @@ class ValidatorNode:
         return inf.status is Status.COMMITTED and \
             int(self.hub.w3.eth.block_number) <= inf.commit_block + self._get_check_window()
 
+    def _get_window_left(self, inference_id: int) -> int:
+        """Return the blocks left in an inference's check window."""
+        inf = self.hub.get_inference(inference_id)
+        return inf.commit_block + self._get_check_window() - int(self.hub.w3.eth.block_number)
+
+    def _retry_unavailable(self, inference_id: int, left: int) -> None:
+        """Ask again for a payload nobody served yet (an executer restarting, a network cut) while the window
+        leaves more than `unavailable_margin_blocks` blocks; the vote says PAYLOAD_UNAVAILABLE only after that."""
+        rounds = self._unavailable[inference_id] = self._unavailable.get(inference_id, 0) + 1
+        delay = min(0.5 * 2 ** min(rounds, 8), self.config.unavailable_retry_delay)
+        self.metrics.skipped.labels("payload-not-yet-available").inc()
+        log.info("payload not available yet; asking again", extra={"inference_id": inference_id, "blocks_left": left,
+                                                                    "round": rounds, "in_s": delay})
+        self._later(delay, self.jobs, inference_id)
+
     async def _check(self, session: aiohttp.ClientSession,
                      job: Job) -> tuple[VerdictRecord, FraudProof | None] | None:
         """Return the verdict record (and fraud proof) of a job, or None when there is nothing (yet) to sign."""
@@ -553,8 +572,14 @@ class ValidatorNode:
             # a stock-sampler model's commitment is fixed (§13.1): no payload can match another, none is fetched
             payload, reason, unavailable = None, Reason.ARTIFACT_ROOT_MISMATCH, b"ARTIFACT_ROOT_MISMATCH"
         else:
-            payload, reason = await self._fetch(session, job, slot.stock is not None)
+            left = await asyncio.to_thread(self._get_window_left, iid)
+            last_try = left <= self.config.unavailable_margin_blocks
+            payload, reason = await self._fetch(session, job, slot.stock is not None, last_try)
             unavailable = b"payload-unavailable"
+            if reason is Reason.PAYLOAD_UNAVAILABLE and not last_try:
+                self._retry_unavailable(iid, left)
+                return None
+            self._unavailable.pop(iid, None)
         started = time.perf_counter()
         fraud = None
         if payload is None:
@@ -623,13 +648,17 @@ class ValidatorNode:
                                           self.metrics.prefill_batch.observe)
         return slot.batcher
 
-    async def _fetch(self, session: aiohttp.ClientSession, job: Job,
-                     stock: bool = False) -> tuple[InferencePayload | StockPayload | None, Reason]:
-        """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why after the retries.
+    async def _fetch(self, session: aiohttp.ClientSession, job: Job, stock: bool = False,
+                     last_try: bool = True) -> tuple[InferencePayload | StockPayload | None, Reason]:
+        """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why.
 
         Whatever a source answers is checked against the on-chain commitment before it is cached;
         a libp2p peer that answers something else is scored down (and dropped under the floor). A
         stock-sampler model's payload is a StockPayload, checked against the stock commitment.
+        Only the operator's own endpoints give evidence: bytes from them that do not parse or do not
+        match the commitment are the reason; when no source served anything (unreachable, unknown id,
+        another peer's garbage) the reason is PAYLOAD_UNAVAILABLE. `last_try`: all `fetch_retries`
+        rounds with back-off; otherwise one round (the job is asked again later, within its window).
         """
         facts = job.facts
         commitment = keccak256(facts.artifact_root + facts.output_hash + facts.fingerprint_hash)
@@ -653,9 +682,10 @@ class ValidatorNode:
         sources = self._sources(session, job)
         if not sources:
             self.metrics.fetch_failures.labels("no-endpoint").inc()
-        reason = Reason.ARTIFACT_ROOT_MISMATCH
-        for attempt in range(self.config.fetch_retries):
-            for name, fetch, on_bad in sources:
+        evidence: Reason | None = None  # what the operator's own endpoints served against the commitment
+        rounds = self.config.fetch_retries if last_try else 1
+        for attempt in range(rounds):
+            for name, fetch, on_bad, own in sources:
                 try:
                     raw = await fetch()
                     payload, reason = decode(raw)
@@ -668,6 +698,7 @@ class ValidatorNode:
                                                             "error": f"{type(exc).__name__}: {exc}"})
                     if isinstance(exc, InvalidInput):
                         on_bad()
+                        evidence = exc.reason if own else evidence
                     continue
                 if reason is Reason.OK:
                     self.metrics.fetched.labels(name).inc()
@@ -676,28 +707,32 @@ class ValidatorNode:
                     return payload, reason
                 self.metrics.fetch_failures.labels(f"{name}:{reason.name}").inc()
                 on_bad()
-            await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
-        return None, reason
+                evidence = reason if own else evidence
+            if evidence is not None:  # the operator served bytes that contradict its commitment: judged now
+                return None, evidence
+            if attempt + 1 < rounds:
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        return None, Reason.PAYLOAD_UNAVAILABLE
 
-    def _sources(self, session: aiohttp.ClientSession,
-                 job: Job) -> list[tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]]:
-        """Return where to ask for a payload, in order: the operator's libp2p peer, other peers, its HTTP URL."""
+    def _sources(self, session: aiohttp.ClientSession, job: Job) -> list[Source]:
+        """Return where to ask for a payload, in order: the operator's libp2p peer, other peers, its HTTP URL
+        (each with whether it is the operator's own endpoint)."""
         iid = job.facts.inference_id
-        out: list[tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]] = []
+        out: list[Source] = []
         if self.p2p is not None:
             operator_addr = self.config.peers.get(job.operator)
             addrs = ([operator_addr] if operator_addr else []) + [a for k, a in self.config.peers.items()
                                                                    if k != job.operator]
             p2p = self.p2p
 
-            def peer(addr: str) -> tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]:
+            def peer(addr: str) -> Source:
                 async def fetch() -> bytes:
                     return await p2p.fetch_payload(addr, iid)
 
                 def bad() -> None:
                     p2p.score_down(addr)
 
-                return "libp2p", fetch, bad
+                return "libp2p", fetch, bad, addr == operator_addr
 
             out.extend(peer(addr) for addr in addrs)
         url = self.config.executers.get(job.operator)
@@ -708,7 +743,7 @@ class ValidatorNode:
                         raise ValueError(f"http {response.status}")
                     return await read_capped(response, MAX_PAYLOAD)
 
-            out.append(("http", http, lambda: None))
+            out.append(("http", http, lambda: None, True))
         return out
 
     def _serve_payload(self, inference_id: int) -> bytes | None:
