@@ -76,6 +76,14 @@ class ValidatorConfig(BaseSettings):
                                 "check window closes")
     retry_max_delay: float = Field(30.0, gt=0, description="longest back-off (s) between retries of a check or a "
                                    "submission")
+    health_interval: float = Field(1.0, gt=0, description="seconds between two /health probes of the RPC and cursor")
+    health_rpc_timeout: float = Field(2.0, gt=0, description="seconds a /health probe waits for the RPC")
+    health_rpc_grace: float = Field(6.0, gt=0, description="seconds without a successful chain read before /health "
+                                    "says rpc_unreachable")
+    health_max_lag_blocks: int = Field(12, ge=0, description="blocks the event cursor may trail the head (beyond the "
+                                       "confirmations) ...")
+    health_stall_seconds: float = Field(20.0, gt=0, description="... for this long without moving, before /health "
+                                        "says cursor_stalled")
     verdict_ttl: int = Field(3600, gt=0, description="seconds a signed verdict stays valid")
     recent_blocks_guard: int = Field(64, ge=0, description="blocks scanned at start for verdicts of another instance")
     metrics_host: str = "127.0.0.1"

@@ -12,7 +12,8 @@
            inference settles or its check window closes
   gossip   gossiped votes: parsed and signature-checked in the libp2p host (no RPC), then checked
            against the committee and our own record of the commitment here
-  http     /metrics (Prometheus) and /health
+  http     /metrics (Prometheus) and /health (typed: may it sign, does its RPC answer, does its event
+           cursor keep up; node.validator.health)
 
 A job lives in the store (job/pending → job/verified with its verdict record → job/submitted) from
 its commit event until its vote is recorded on chain or the inference settles or leaves its window,
@@ -60,6 +61,7 @@ from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
+from node.validator.health import HealthLimits, HealthMonitor, HealthReport, HealthStatus, decide_health
 from node.validator.httpread import read_capped
 from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
 from node.validator.tasks import wait_stop_or_failure
@@ -286,6 +288,8 @@ class ValidatorNode:
         self.jobs: asyncio.Queue[int] = asyncio.Queue()  # inference ids of pending jobs (the store holds them)
         self.verdicts: asyncio.Queue[int] = asyncio.Queue()  # inference ids of verified jobs
         self.healthy = True
+        rpc_url = getattr(hub.w3.provider, "endpoint_uri", None) or config.rpc_url
+        self.health = HealthMonitor(str(rpc_url), config.health_rpc_timeout, self._read_cursor)
         self.p2p: P2PHost | None = None  # started by run() when config.p2p_listen is set
         self.gossip: asyncio.Queue[tuple[bytes, int]] = asyncio.Queue()
         # filled by the asyncio side, read (never written) by the libp2p validation threads
@@ -346,6 +350,7 @@ class ValidatorNode:
         self._submit_wake = asyncio.Event()
         self.preflight()
         self.load_jobs()
+        await self.health.probe()  # /health answers from its first request on
         self.metrics.healthy.set(1)
         if self.config.p2p_listen:
             from node.p2p.host import P2PHost
@@ -366,7 +371,8 @@ class ValidatorNode:
                    for i in range(self.config.verify_batch)),
                  asyncio.create_task(self._sign_loop(stop), name="sign"),
                  asyncio.create_task(self._submit_loop(stop), name="submit"),
-                 asyncio.create_task(self._gossip_loop(stop), name="gossip")]
+                 asyncio.create_task(self._gossip_loop(stop), name="gossip"),
+                 asyncio.create_task(self.health.run(stop, self.config.health_interval), name="health")]
         if self.moe is not None:
             tasks.append(asyncio.create_task(self.moe.run(stop), name="moe-duties"))
         try:
@@ -1031,16 +1037,28 @@ class ValidatorNode:
 
     # ---- http -----------------------------------------------------------------------------------
 
+    def _read_cursor(self) -> int | None:
+        blocks = self.store.cursor("events").load()
+        return blocks[-1][0] if blocks else None
+
+    def get_health(self) -> HealthReport:
+        """Return the node's health: signing allowed, RPC answering, event cursor keeping up with the head."""
+        c = self.config
+        limits = HealthLimits(c.health_rpc_grace, c.health_max_lag_blocks, c.health_stall_seconds, c.confirmations)
+        facts = self.health.facts(self.healthy and self.stream.healthy)
+        status = decide_health(facts, limits)
+        self.metrics.healthy.set(1 if status is HealthStatus.OK else 0)
+        return HealthReport(status=status, healthy=status is HealthStatus.OK, address=self.account.address,
+                            queue=self.jobs.qsize(), cursor=facts.cursor, head=facts.head,
+                            rpc_age_s=None if facts.last_rpc_ok is None else round(facts.now - facts.last_rpc_ok, 3))
+
     async def _start_http(self) -> web.AppRunner:
         async def metrics(_: web.Request) -> web.Response:
             return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
         async def health(_: web.Request) -> web.Response:
-            ok = self.healthy and self.stream.healthy
-            blocks = self.store.cursor("events").load()
-            body = {"healthy": ok, "address": self.account.address, "queue": self.jobs.qsize(),
-                    "cursor": blocks[-1][0] if blocks else None}
-            return web.json_response(body, status=200 if ok else 503)
+            report = self.get_health()
+            return web.json_response(report.model_dump(mode="json"), status=200 if report.healthy else 503)
 
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
