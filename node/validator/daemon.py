@@ -1037,9 +1037,10 @@ class ValidatorNode:
 
     # ---- http -----------------------------------------------------------------------------------
 
-    def _read_cursor(self) -> int | None:
+    def _read_cursor(self) -> int:
+        """Return the last block the event stream recorded (its start block before the first)."""
         blocks = self.store.cursor("events").load()
-        return blocks[-1][0] if blocks else None
+        return blocks[-1][0] if blocks else self.config.start_block
 
     def get_health(self) -> HealthReport:
         """Return the node's health: signing allowed, RPC answering, event cursor keeping up with the head."""

@@ -103,9 +103,9 @@ def test_an_executer_restarted_between_commit_and_fetch_gets_its_inferences_sett
         w3 = anvil.web3()
         admin, requester, operator = dev_account(0), dev_account(1), dev_account(2)
         validators = [dev_account(7), dev_account(8)]
-        # a check window of 200 one-second blocks: room for two model loads on a busy machine
+        # commit and check windows of 120 and 200 one-second blocks: room for model loads on a busy machine
         hub, deployment = deploy(w3, admin, HubConfig(treasury=dev_account(9).address, committee_size=2,
-                                                      min_committee=2, check_window=200))
+                                                      min_committee=2, commit_window=120, check_window=200))
         registration = model_registration(MODEL)
         model_id = registration.model_id
         registration.register(hub, admin, 10**18, 0)

@@ -45,7 +45,11 @@ async def wait_for(session: aiohttp.ClientSession, port: int, status: str, timeo
     deadline = loop.time() + timeout
     body: dict = {}
     while loop.time() < deadline:
-        code, body = await get_health(session, port)
+        try:
+            code, body = await get_health(session, port)
+        except aiohttp.ClientConnectionError:  # the daemon is still starting
+            await asyncio.sleep(0.2)
+            continue
         if body["status"] == status:
             assert code == (200 if status == "ok" else 503), (code, body)
             return body
@@ -82,11 +86,12 @@ def test_health_says_rpc_unreachable_while_anvil_is_paused_and_ok_again_after(ti
 def test_health_says_cursor_stalled_while_the_event_handler_is_held_and_ok_once_it_moves(tiny, tmp_path) -> None:
     async def scenario() -> None:
         async with harness(tiny, tmp_path, **FAST) as h:
-            release = asyncio.Event()
+            hold, release = asyncio.Event(), asyncio.Event()
             handle = h.node._on_events
 
             async def held(events, reorg) -> None:  # a stuck handler: the stream, and its cursor, wait
-                await release.wait()
+                if hold.is_set():
+                    await release.wait()
                 await handle(events, reorg)
 
             h.node._on_events = held
@@ -95,7 +100,8 @@ def test_health_says_cursor_stalled_while_the_event_handler_is_held_and_ok_once_
             port = h.config.metrics_port
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
                 await wait_for(session, port, "ok")
-                iid = await h.infer()  # events arrive; their handler never returns
+                hold.set()
+                iid = await h.infer()  # events arrive; their handler does not return
                 body = await wait_for(session, port, "cursor_stalled", timeout=30)
                 assert body["head"] - body["cursor"] > 1 + FAST["health_max_lag_blocks"]
                 release.set()
