@@ -5,6 +5,7 @@ never re-sent. (The whole story with real processes: tests/e2e/test_executer_res
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +14,20 @@ import pytest
 import torch
 
 from chain.contracts import Params
+from chain.devnet import Anvil, dev_account
 from chain.txmanager import TxFailed, TxManager
 from node.executer.bootstrap import ExecuterSettings, load_executer
 from node.executer.chain_mode import resume_commits
 from node.executer.server import create_app
 from node.executer.service import ExecuterService
 from node.executer.stock import StockService
-from node.moe.serve import MoeSliceStore, MoeOpeningWire, compute_opening
+from node.moe.serve import MoeOpeningWire, MoeSliceStore, compute_opening
 from node.profiles import load_profile
 from node.protocol.hashing import keccak256
 from node.protocol.moe import ExpertKey
 from node.protocol.sampler import SamplingParams
 from node.store.leveldb import Store
-from tests.chain.conftest import MODEL_ID, Net, anvil, anvil_net  # noqa: F401  (fixtures)
+from tests.chain.conftest import MODEL_ID, Net, build_net
 from tests.chain.flows import FEE, USER_SEED
 from tests.node.executer.conftest import RunningServer
 
@@ -96,7 +98,8 @@ def test_moe_slices_and_openings_survive_a_restart(tmp_path: Path) -> None:
     service.moe.slices.durable = store
     service.store = store
     prompt = service.tokenizer.encode_chat([{"role": "user", "content": "Name three rivers."}])
-    service.infer(prompt, b"\x02" * 32, PARAMS, 7, 41, {"messages": [{"role": "user", "content": "Name three rivers."}]})
+    messages = [{"role": "user", "content": "Name three rivers."}]
+    service.infer(prompt, b"\x02" * 32, PARAMS, 7, 41, {"messages": messages})
     before = service.moe.slices.get(41)
     assert before is not None
     keys = [ExpertKey(layer, expert) for layer, expert in ((0, 0), (0, 1), (1, 0))]
@@ -113,10 +116,16 @@ def test_moe_slices_and_openings_survive_a_restart(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_journaled_commit_without_its_payload_is_never_re_sent(anvil_net: Net, tmp_path: Path) -> None:
+@pytest.fixture
+def chain_net() -> Iterator[Net]:
+    with Anvil() as node:
+        yield build_net(node.web3(), [dev_account(i) for i in range(7)])
+
+
+def test_a_journaled_commit_without_its_payload_is_never_re_sent(chain_net: Net, tmp_path: Path) -> None:
     """Two commits journaled, not sent, then a restart: the one whose payload is on disk goes out; the other's
     nonce is filled with a no-op (sending it would only have it judged unavailable)."""
-    net = anvil_net
+    net = chain_net
     store = Store(tmp_path / "executer", 31337, net.hub.address)
     txm = TxManager(net.w3, net.operator, store)
     ids = []
