@@ -250,6 +250,10 @@ class Operator:
     service: ExecuterService | StockService | None = None
     build: Any = None  # (store) -> a fresh service for this operator: how the restarted one comes back
 
+    def payload_json(self, inference_id: int) -> bytes | None:
+        """Return a payload from the service the operator runs now (none while it restarts: nothing found)."""
+        return None if self.service is None else self.service.payload_json(inference_id)
+
     @property
     def url(self) -> str:
         """Return the executer's HTTP base URL."""
@@ -456,9 +460,7 @@ class Devnet:
 
         for op in self.operators:
             assert op.service is not None
-            # the host asks whichever service the operator runs now (none while it restarts: nothing found)
-            host = P2PHost(op.key_path, lambda iid, op=op: op.service.payload_json(iid) if op.service else None,
-                           f"/ip4/127.0.0.1/tcp/{op.p2p_port}")
+            host = P2PHost(op.key_path, op.payload_json, f"/ip4/127.0.0.1/tcp/{op.p2p_port}")
             await asyncio.to_thread(host.start)
             self._hosts.append(host)
             await self.serve_http(op)
@@ -481,7 +483,7 @@ class Devnet:
         op.service = None
         await runner.cleanup()
         self._runners.remove(runner)
-        store = service.store if service is not None else None
+        store: Any = service.store if service is not None else None
         if store is not None:
             store.close()
             self._stores.remove(store)
