@@ -342,17 +342,17 @@ class PromptLimit:
     context: int  # prompt + output tokens the model takes (its max_position_embeddings, within the protocol's cap)
     chars_per_token: int
 
-    def check_chars(self, chars: int) -> None:
+    def check_chars(self, chars: int, param: str = "messages") -> None:
         """Refuse text that cannot fit the context whatever it tokenises to (before the tokenizer sees it)."""
         if chars > 2 * self.chars_per_token * self.context:  # x2: normalisers may merge characters
             raise ApiError(400, f"the prompt of {chars} characters cannot fit the model's context of {self.context} "
-                           "tokens", param="messages", code="context_length_exceeded")
+                           "tokens", param=param, code="context_length_exceeded")
 
-    def check_tokens(self, prompt: int, output: int) -> None:
+    def check_tokens(self, prompt: int, output: int, param: str = "messages") -> None:
         """Refuse a prompt whose tokens and the requested output exceed the model's context."""
         if prompt > MAX_PROMPT_TOKENS or prompt + output > self.context:
             raise ApiError(400, f"the prompt of {prompt} tokens and {output} output tokens exceed the model's context "
-                           f"of {self.context} tokens", param="messages", code="context_length_exceeded")
+                           f"of {self.context} tokens", param=param, code="context_length_exceeded")
 
 
 def load_prompt_limit(service: ExecuterService | StockService) -> PromptLimit:
@@ -518,9 +518,9 @@ async def completions(request: web.Request) -> web.Response:
     service = _service(request, req.model)
     params = _params(req)
     limit = request.app[LIMIT_KEY]
-    limit.check_chars(len(req.prompt))
+    limit.check_chars(len(req.prompt), "prompt")
     prompt_ids = service.tokenizer.encode_text(req.prompt)
-    limit.check_tokens(len(prompt_ids), params.max_tokens)
+    limit.check_tokens(len(prompt_ids), params.max_tokens, "prompt")
     prompt_hash = compute_prompt_hash(service.files.model_id, prompt=req.prompt)
     if isinstance(service, StockService):
         _refuse_for_stock(req.logprobs, None)

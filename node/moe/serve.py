@@ -58,7 +58,8 @@ class DurableMoeStore(Protocol):
 
 
 def encode_served_moe(served: ServedMoe) -> bytes:
-    """Return one served MoE inference as bytes (an npz of its trace and ids; the commitment is rebuilt from them)."""
+    """Return one served MoE inference as bytes (an npz of its trace and ids; the commitment is rebuilt from them,
+    the block outputs, which are never served, are left out)."""
     trace = served.trace
     keys = sorted(trace.outputs)
     input_keys = sorted(trace.expert_inputs)
@@ -67,7 +68,7 @@ def encode_served_moe(served: ServedMoe) -> bytes:
             "artifact_root": served.artifact_root.hex(), "fingerprint_hash": served.fingerprint_hash.hex()}
     arrays: dict[str, np.ndarray] = {
         "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), "inputs": trace.inputs,
-        "experts": trace.experts, "weights": trace.weights, "mixed": trace.mixed,
+        "experts": trace.experts, "weights": trace.weights,  # `mixed` is diagnostics, never served: not kept
         "prompt_ids": np.asarray(served.prompt_ids, dtype=np.int64),
         "output_ids": np.asarray(served.output_ids, dtype=np.int64)}
     for i, key in enumerate(keys):
@@ -86,8 +87,8 @@ def decode_served_moe(blob: bytes) -> ServedMoe:
         outputs = {ExpertKey(layer, expert): ExpertRows(z[f"p{i}"], z[f"o{i}"])
                    for i, (layer, expert) in enumerate(meta["keys"])}
         expert_inputs = {ExpertKey(layer, expert): z[f"x{i}"] for i, (layer, expert) in enumerate(meta["input_keys"])}
-        trace = MoeTrace(z["inputs"], z["experts"], z["weights"], outputs, z["mixed"], int(meta["num_experts"]),
-                         expert_inputs)
+        trace = MoeTrace(z["inputs"], z["experts"], z["weights"], outputs, np.zeros(0, dtype=np.float32),
+                         int(meta["num_experts"]), expert_inputs)
         prompt_ids = tuple(int(t) for t in z["prompt_ids"])
         output_ids = tuple(int(t) for t in z["output_ids"])
     return ServedMoe(build_commitment(trace), trace, prompt_ids, output_ids, bytes.fromhex(meta["artifact_root"]),

@@ -161,3 +161,18 @@ def test_a_burst_of_many_clients_with_attacks_among_them_is_answered_and_leaves_
 
     asyncio.run(after())
     assert server.rss_bytes() < 3 * 2**30, server.rss_bytes()
+
+
+def test_the_completions_route_bounds_the_prompt_too(server) -> None:
+    async def scenario() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            for prompt in ("hello " * (7 * 10**6 // 6), "hello " * 2100):
+                body = encode({"model": MODEL, "prompt": prompt, "max_tokens": 4})
+                headers = {"Authorization": f"Bearer {KEYS[2]}", "Content-Type": "application/json"}
+                async with session.post(f"{server.url}/v1/completions", data=body, headers=headers) as response:
+                    answer = await response.json()
+                assert (response.status, answer["error"]["code"], answer["error"]["param"]) == (
+                    400, "context_length_exceeded", "prompt"), answer
+            assert server.alive
+
+    asyncio.run(scenario())
