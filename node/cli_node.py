@@ -148,7 +148,7 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
     from chain.contracts import Hub
     from chain.txmanager import TxManager
     from node.executer.bootstrap import ExecuterSettings, load_executer
-    from node.executer.chain_mode import ChainGate
+    from node.executer.chain_mode import ChainGate, resume_commits
     from node.executer.server import create_app, load_api_settings
     from node.keys import read_password, unlock_keystore
     from node.store.leveldb import Store
@@ -161,7 +161,10 @@ def executer_run(model: str, rpc: str, contract: str, keystore: Path, password_f
     service, profile_path, profile = load_executer(ExecuterSettings(model))
     store = Store(data_dir, int(w3.eth.chain_id), contract)
     txm = TxManager(w3, account, store)
-    txm.resume()  # commits journaled before a restart go out again, byte for byte
+    service.store = store  # every payload on disk (synced) before its commit is sent; served from there after a restart
+    if getattr(service, "moe", None) is not None:
+        service.moe.slices.durable = store  # type: ignore[union-attr]
+    resume_commits(txm, store)  # commits journaled before a restart go out again, only with their payload on disk
     service.gate = ChainGate(hub, txm, service.files.model_id)
     console.print(f"executer {account.address} serving {model} on http://{host}:{port}/v1 for contract {contract}")
     p2p = None

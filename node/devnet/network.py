@@ -1,8 +1,10 @@
 """`verinfer devnet`: a whole network on one machine — anvil, the contract, operators, validators, a requester.
 
-One honest operator and three cheaters (int8 weights; the prefill attack; a temperature lie) serve
-the real model's OpenAI-compatible API from this process, each with its own account, LevelDB tx
-journal, HTTP server and libp2p host. Validators are real ``verinfer validator run`` processes with
+One honest operator, one honest operator whose executer is restarted mid-run (right after a commit,
+before the validators fetched it: its payloads come back from its LevelDB), and cheaters (int8
+weights; the prefill attack; a temperature lie; a truncator) serve the real model's OpenAI-compatible
+API from this process, each with its own account, LevelDB (tx journal and served payloads), HTTP
+server and libp2p host. Validators are real ``verinfer validator run`` processes with
 encrypted keystores and TOML config files. A requester pays for a stream of varied prompts through
 the OpenAI client; an observer reads the chain for the live view and the report. Every process
 started here is stopped on exit, on error and on SIGINT/SIGTERM.
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 
 OPERATOR_KINDS: dict[str, str] = {  # kind -> what it really does (short: it is a column of the live table)
     "honest": "fp32, as declared",
+    "restarted": "honest, restarted mid-run",
     "int8": "int8, claims fp32",
     "prefill": "int8 text, real leaves",
     "temperature-lie": "samples at T + 0.3",
@@ -56,6 +59,7 @@ OPERATOR_KINDS: dict[str, str] = {  # kind -> what it really does (short: it is 
 }
 STOCK_OPERATOR_KINDS: dict[str, str] = {  # a stock-sampler model (docs/protocol.md §13.1): vLLM's seeded rule
     "honest": "vLLM's seeded rule",
+    "restarted": "honest, restarted mid-run",
     "int8": "int8, claims fp32",
     "unseeded": "ignores the seed",
     "temperature-lie": "samples at T + 0.3",
@@ -65,7 +69,11 @@ SAMPLING = ((0.7, 1.0), (1.0, 0.9), (1.0, 1.0), (0.7, 0.9))  # (temperature, top
 OPERATOR_STAKE = 10 * 10**18
 VALIDATOR_STAKE = 5 * 10**18
 MIN_FEE_WEI = 10**15  # the registered minimum fee per request (the devnet pays fee_wei, by default 10x that)
-ADMIN, REQUESTER, FIRST_OPERATOR, FIRST_VALIDATOR, TREASURY = 0, 1, 2, 7, 19
+ADMIN, REQUESTER, FIRST_OPERATOR, FIRST_VALIDATOR, TREASURY = 0, 1, 2, 8, 19
+HONEST_KINDS = ("honest", "restarted")  # operators that must end in good standing, every answer judged valid
+RESTART_ROUND = 1  # the restarted operator's executer goes down right after its answer (its commit) in this round
+RESTART_DOWN_S = 4.0  # ... for this long: the validators ask for the payload meanwhile and get nothing
+RESTARTED_ROUNDS = 3  # it serves the rounds before, of and after the restart only (the devnet's time stays the same)
 
 
 class DevnetOptions(BaseModel):
@@ -240,6 +248,11 @@ class Operator:
     key_path: Path
     peer_id: str
     service: ExecuterService | StockService | None = None
+    build: Any = None  # (store) -> a fresh service for this operator: how the restarted one comes back
+
+    def payload_json(self, inference_id: int) -> bytes | None:
+        """Return a payload from the service the operator runs now (none while it restarts: nothing found)."""
+        return None if self.service is None else self.service.payload_json(inference_id)
 
     @property
     def url(self) -> str:
@@ -291,7 +304,9 @@ class Devnet:
         self._hosts: list[Any] = []
         self._runners: list[web.AppRunner] = []
         self._stores: list[Any] = []
+        self._http: dict[str, web.AppRunner] = {}
         self._stopping = False
+        self.restarts = 0
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -372,7 +387,6 @@ class Devnet:
         from node.engines.transformers_engine import TransformersEngine, TransformersOptions
         from node.executer.chain_mode import ChainGate
         from node.profiles import load_profile
-        from node.store.leveldb import Store
 
         assert self.anvil is not None and self.hub is not None
         torch.set_num_threads(self.options.threads)
@@ -392,19 +406,21 @@ class Devnet:
                                       "prefill": PrefillAttackEngine(cheap=int8, real=base),
                                       "temperature-lie": TemperatureLieEngine(base, delta=0.3),
                                       "truncator": TruncatingEngine(base, keep=4)}
+        engines["restarted"] = base
         for op in self.operators:
-            w3 = Web3(Web3.HTTPProvider(self.anvil.url))
-            store = Store(self.options.out / "nodes" / f"operator-{op.kind}" / "data", 31337, self.hub.address)
-            self._stores.append(store)
-            gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store), self.model_id)
-            op.service = ExecuterService(files, tokenizer, SerialEngine(engines[op.kind], lock),
-                                         profile.fingerprint_thresholds(), gate=gate)
+            def build(store: Any, op: Operator = op) -> ExecuterService:
+                w3 = Web3(Web3.HTTPProvider(self.anvil.url))  # type: ignore[union-attr]
+                gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store),  # type: ignore[union-attr]
+                                 self.model_id)
+                return ExecuterService(files, tokenizer, SerialEngine(engines[op.kind], lock),
+                                       profile.fingerprint_thresholds(), gate=gate, store=store)
+            op.build = build
+            op.service = build(self.open_store(op))
 
     def _load_stock_operators(self, files: Any, tokenizer: Any, base: Any, int8: Any, lock: threading.Lock) -> None:
         """Build each operator of a stock-sampler model: a StockService whose tokens follow vLLM's seeded rule over
         an engine's logits, honestly or not (the cheats are in the generate functions, not in node.executer)."""
         from node.executer.chain_mode import ChainGate
-        from node.store.leveldb import Store
 
         assert self.anvil is not None and self.hub is not None
 
@@ -417,29 +433,66 @@ class Devnet:
                 return tokens[:keep]
             return generate
 
-        generators = {"honest": rule(base), "int8": rule(int8), "unseeded": rule(base, seed_xor=0x5A5A5A),
-                      "temperature-lie": rule(base, delta=0.3), "truncator": rule(base, keep=4)}
+        generators = {"honest": rule(base), "restarted": rule(base), "int8": rule(int8),
+                      "unseeded": rule(base, seed_xor=0x5A5A5A), "temperature-lie": rule(base, delta=0.3),
+                      "truncator": rule(base, keep=4)}
         for op in self.operators:
-            w3 = Web3(Web3.HTTPProvider(self.anvil.url))
-            store = Store(self.options.out / "nodes" / f"operator-{op.kind}" / "data", 31337, self.hub.address)
-            self._stores.append(store)
-            gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store), self.model_id)
-            op.service = StockService(files, tokenizer, generators[op.kind], base.info, gate=gate)
+            def build(store: Any, op: Operator = op) -> StockService:
+                w3 = Web3(Web3.HTTPProvider(self.anvil.url))  # type: ignore[union-attr]
+                gate = ChainGate(Hub(w3, self.hub.address), TxManager(w3, op.account, store),  # type: ignore[union-attr]
+                                 self.model_id)
+                return StockService(files, tokenizer, generators[op.kind], base.info, gate=gate, store=store)
+            op.build = build
+            op.service = build(self.open_store(op))
+
+    def open_store(self, op: Operator) -> Any:
+        """Open an operator's LevelDB (its tx journal and served payloads)."""
+        from node.store.leveldb import Store
+
+        assert self.hub is not None
+        store = Store(self.options.out / "nodes" / f"operator-{op.kind}" / "data", 31337, self.hub.address)
+        self._stores.append(store)
+        return store
 
     async def serve_operators(self) -> None:
         """Start each operator's HTTP API and libp2p host."""
-        from node.executer.server import create_app
         from node.p2p.host import P2PHost
 
         for op in self.operators:
             assert op.service is not None
-            host = P2PHost(op.key_path, op.service.payload_json, f"/ip4/127.0.0.1/tcp/{op.p2p_port}")
+            host = P2PHost(op.key_path, op.payload_json, f"/ip4/127.0.0.1/tcp/{op.p2p_port}")
             await asyncio.to_thread(host.start)
             self._hosts.append(host)
-            runner = web.AppRunner(create_app(op.service, "devnet", True), access_log=None)
-            await runner.setup()
-            self._runners.append(runner)
-            await web.TCPSite(runner, "127.0.0.1", op.http_port).start()
+            await self.serve_http(op)
+
+    async def serve_http(self, op: Operator) -> None:
+        """Start an operator's HTTP API on its port."""
+        from node.executer.server import create_app
+
+        assert op.service is not None
+        runner = web.AppRunner(create_app(op.service, "devnet", True), access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        self._http[op.kind] = runner
+        await web.TCPSite(runner, "127.0.0.1", op.http_port).start()
+
+    async def restart_operator(self, op: Operator) -> None:
+        """Restart an operator's executer as a process restart would: its HTTP API down, its memory gone, its
+        LevelDB closed; back after RESTART_DOWN_S on the same store, serving the payloads from disk."""
+        runner, service = self._http.pop(op.kind), op.service
+        op.service = None
+        await runner.cleanup()
+        self._runners.remove(runner)
+        store: Any = service.store if service is not None else None
+        if store is not None:
+            store.close()
+            self._stores.remove(store)
+        self.note(f"{op.kind}: executer stopped (memory gone), back in {RESTART_DOWN_S:g} s")
+        await asyncio.sleep(RESTART_DOWN_S)
+        op.service = await asyncio.to_thread(op.build, self.open_store(op))
+        await self.serve_http(op)
+        self.restarts += 1
+        self.note(f"{op.kind}: executer back, serving its payloads from its store")
 
     async def wait_validators_ready(self, timeout: float = 300.0) -> None:
         """Wait until every validator answers /health with 200; fail with its log if one exits."""
@@ -480,7 +533,7 @@ class Devnet:
             temperature, top_p = SAMPLING[round_ % len(SAMPLING)]
             params = SamplingParams(temperature, top_p, 0, opts.tokens)
             for op in self.operators:
-                if self.state.operator(op.kind).jailed:
+                if self.state.operator(op.kind).jailed or (op.kind == "restarted" and round_ >= RESTARTED_ROUNDS):
                     continue
                 prompt = prompts[(7 * n + 3) % len(prompts)]
                 n += 1
@@ -497,13 +550,13 @@ class Devnet:
                     continue
                 record = InferenceRecord(iid, op.kind, round_, prompt, temperature, top_p, time.monotonic())
                 self.state.inferences.append(record)
-                chats.append(asyncio.create_task(self._ask(clients[op.kind], record, messages, seed)))
+                chats.append(asyncio.create_task(self._ask(clients[op.kind], record, messages, seed, op)))
             await asyncio.gather(*chats)  # a stream at the operators' pace: answers before the next round
         for client in clients.values():
             await client.close()
 
     async def _ask(self, client: Any, record: InferenceRecord, messages: list[dict[str, str]] | None,
-                   seed: int) -> None:
+                   seed: int, op: Operator) -> None:
         """Call the operator's chat API with the messages, or its completions API with the prompt if none."""
         common = {"model": self.options.model, "temperature": record.temperature, "top_p": record.top_p,
                   "max_tokens": self.options.tokens, "seed": seed, "extra_body": {"inference_id": record.inference_id}}
@@ -518,6 +571,9 @@ class Devnet:
         except Exception as exc:  # the API answered with an error (e.g. the commit was refused): record it
             record.error = f"{type(exc).__name__}: {exc}"[:300]
             self.note(f"#{record.inference_id} {record.operator}: no answer ({record.error[:80]})")
+            return
+        if op.kind == "restarted" and record.round == RESTART_ROUND:  # committed, not fetched yet: down it goes
+            await self.restart_operator(op)
 
     def note(self, line: str) -> None:
         """Add a line to the event feed."""

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from node.devnet.network import OPERATOR_STAKE, NetworkState
+from node.devnet.network import HONEST_KINDS, OPERATOR_STAKE, NetworkState
 from node.protocol.reputation import PRIOR
 
 SLASH_THRESHOLD = 0.99  # HubConfig's default slash_threshold
@@ -54,17 +54,18 @@ def render_state(state: NetworkState, events: bool = True) -> Group:
 def judge_outcome(state: NetworkState) -> list[str]:
     """Return what went wrong: the honest operator not in good standing or a cheater not slashed (empty: ok)."""
     problems = []
-    honest = state.operator("honest")
-    wrong = [r.inference_id for r in state.inferences if r.operator == "honest" and r.error is None
-             and r.status != "VALID"]
-    if wrong:
-        problems.append(f"honest inferences not judged valid: {wrong}")
-    if not any(r.operator == "honest" and r.status == "VALID" for r in state.inferences):
-        problems.append("no honest inference was judged")
-    if honest.jailed or honest.spoof_p >= PRIOR or honest.stake != OPERATOR_STAKE:
-        problems.append(f"honest operator not in good standing (P {honest.spoof_p:.3g}, jailed {honest.jailed})")
+    for kind in (k for k in HONEST_KINDS if k in state.kinds):  # the honest one, and the one restarted mid-run
+        honest = state.operator(kind)
+        wrong = [r.inference_id for r in state.inferences if r.operator == kind and r.error is None
+                 and r.status != "VALID"]
+        if wrong:
+            problems.append(f"{kind} inferences not judged valid: {wrong}")
+        if not any(r.operator == kind and r.status == "VALID" for r in state.inferences):
+            problems.append(f"no {kind} inference was judged")
+        if honest.jailed or honest.spoof_p >= PRIOR or honest.stake != OPERATOR_STAKE:
+            problems.append(f"{kind} operator not in good standing (P {honest.spoof_p:.3g}, jailed {honest.jailed})")
     for o in state.operators:
-        if o.kind != "honest" and not (o.jailed and o.stake < OPERATOR_STAKE):
+        if o.kind not in HONEST_KINDS and not (o.jailed and o.stake < OPERATOR_STAKE):
             problems.append(f"{o.kind} was not slashed and jailed (P {o.spoof_p:.3g}, stake {_eth(o.stake)})")
     return problems
 

@@ -5,7 +5,9 @@ model, user seed, prompt hash, sampling params), and the operator accepts it on 
 acknowledgement that the prompt arrived, and only an accepted request that then misses its commit
 deadline costs the operator stake (an unaccepted one just refunds the requester). After generating,
 the commitment is sent through the transaction manager (journaled first) and confirmed before the
-response leaves.
+response leaves. The payload is on disk (synced) before the commitment is journaled, so a restart at any
+point finds every commitment it may re-send with the payload validators will ask for; `resume_commits`
+refuses to re-send one whose payload is missing (a journal from an older version, a lost disk).
 """
 
 from __future__ import annotations
@@ -16,11 +18,21 @@ from typing import Protocol
 
 from chain.contracts import Hub, Params, Status, params_from_event
 from chain.errors import ChainError
-from chain.txmanager import TxManager
+from chain.txmanager import NOOP, PENDING, TxManager
 from node.errors import InvalidInput, Reason, RecoverableError
 from node.protocol.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+COMMIT_PURPOSE = "commit "
+
+
+class PayloadReader(Protocol):
+    """What `resume_commits` reads of the executer's durable store."""
+
+    def get_served(self, inference_id: int) -> bytes | None:
+        """Return a stored payload."""
 
 
 class Served(Protocol):
@@ -107,3 +119,31 @@ class ChainGate:
         except ChainError as exc:
             raise RecoverableError(f"commit of {served.inference_id} failed: {exc}", Reason.TX_FAILED) from exc
         log.info("inference committed", extra={"inference_id": served.inference_id})
+
+
+def resume_commits(txm: TxManager, payloads: PayloadReader) -> list[int]:
+    """After a restart: re-send the journaled transactions; a commit whose payload is not on disk is never re-sent.
+
+    Such a commit's nonce is filled with a no-op instead (later nonces still mine): the validators could not
+    fetch its payload, so sending it would only get an honest operator's inference judged unavailable. Return
+    the inference ids of the commits dropped so.
+    """
+    dropped = []
+    for entry in txm.journal.journal_entries():
+        purpose = str(entry.get("purpose", ""))
+        if entry["status"] != PENDING or not purpose.startswith(COMMIT_PURPOSE) or entry.get("filled"):
+            continue
+        inference_id = int(purpose.removeprefix(COMMIT_PURPOSE))
+        if payloads.get_served(inference_id) is not None:
+            continue
+        try:
+            base_fee = int(txm.w3.eth.get_block("latest").get("baseFeePerGas", 0))
+            with txm._lock:  # the manager's own no-op fill (as for a transaction that would now revert)
+                txm._resign(entry, NOOP, base_fee)
+        except Exception as exc:
+            raise RecoverableError(f"chain unavailable: {exc}", Reason.CHAIN_UNAVAILABLE) from exc
+        log.error("journaled commit without its payload on disk: not re-sent, its nonce filled with a no-op",
+                  extra={"inference_id": inference_id, "nonce": entry["nonce"]})
+        dropped.append(inference_id)
+    txm.resume()  # the rest (and the no-ops) go out again, byte for byte
+    return dropped

@@ -22,15 +22,18 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 import tomllib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 from aiohttp import web
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
@@ -45,6 +48,7 @@ from node.executer.api import (
 )
 from node.executer.service import ExecuterService, ServedInference
 from node.executer.stock import StockServed, StockService
+from node.protocol.artifact import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 from node.protocol.fingerprint import decode_fingerprint_base64, encode_fingerprint_base64
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.sampler import SamplingParams
@@ -56,9 +60,15 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 256
 SERVICE_KEY: web.AppKey[ExecuterService | StockService] = web.AppKey("service")
 PROFILE_KEY = web.AppKey("profile", dict)
+LIMIT_KEY: web.AppKey[PromptLimit] = web.AppKey("prompt_limit")
 LOCK_KEY = web.AppKey("engine_lock", asyncio.Lock)
 DISCONNECT_POLL_S = 0.1  # how often a queued request looks whether its client is still there
 SHA256_PREFIX = "sha256:"
+MAX_BODY_BYTES = 8 * 2**20
+# The deepest JSON a request needs is 4 (body → messages → message → content); the parser is never given more.
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class ApiError(Exception):
@@ -293,10 +303,27 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return _error_response(ApiError(500, "internal error", kind="server_error"))
 
 
+def measure_json_depth(raw: bytes) -> int:
+    """Return the deepest nesting of arrays and objects in JSON text, without parsing it (brackets inside strings
+    do not count; text that is not JSON gets a number all the same, and the parser refuses it afterwards)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:  # the common case: nothing to scan
+        return raw.count(b"[") + raw.count(b"{")
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    steps = np.frombuffer(brackets, dtype=np.uint8)
+    return int(np.cumsum(np.where((steps == ord("[")) | (steps == ord("{")), 1, -1), dtype=np.int32).max())
+
+
 async def _parse(request: web.Request, model: type[Any]) -> Any:
+    raw = await request.read()  # at most client_max_size bytes (413 beyond)
+    depth = measure_json_depth(raw)
+    if depth > MAX_JSON_DEPTH:  # before the parser: deep nesting crashes the process, not just the request
+        raise ApiError(400, f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted",
+                       code="json_too_deep")
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
@@ -306,6 +333,35 @@ async def _parse(request: web.Request, model: type[Any]) -> Any:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise ApiError(400, f"invalid request: {param}: {first['msg']}", param=param) from exc
+
+
+@dataclass(frozen=True)
+class PromptLimit:
+    """How long a prompt may be: the model's context in tokens, and the most characters any one token covers."""
+
+    context: int  # prompt + output tokens the model takes (its max_position_embeddings, within the protocol's cap)
+    chars_per_token: int
+
+    def check_chars(self, chars: int, param: str = "messages") -> None:
+        """Refuse text that cannot fit the context whatever it tokenises to (before the tokenizer sees it)."""
+        if chars > 2 * self.chars_per_token * self.context:  # x2: normalisers may merge characters
+            raise ApiError(400, f"the prompt of {chars} characters cannot fit the model's context of {self.context} "
+                           "tokens", param=param, code="context_length_exceeded")
+
+    def check_tokens(self, prompt: int, output: int, param: str = "messages") -> None:
+        """Refuse a prompt whose tokens and the requested output exceed the model's context."""
+        if prompt > MAX_PROMPT_TOKENS or prompt + output > self.context:
+            raise ApiError(400, f"the prompt of {prompt} tokens and {output} output tokens exceed the model's context "
+                           f"of {self.context} tokens", param=param, code="context_length_exceeded")
+
+
+def load_prompt_limit(service: ExecuterService | StockService) -> PromptLimit:
+    """Return the prompt limit of the served model (its config.json and its tokenizer's vocabulary)."""
+    config_path = service.files.path / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    context = int(config.get("max_position_embeddings") or MAX_PROMPT_TOKENS)
+    longest = max((len(t) for t in service.tokenizer.hf.get_vocab()), default=1)
+    return PromptLimit(min(context, MAX_PROMPT_TOKENS + MAX_OUTPUT_TOKENS), max(longest, 1))
 
 
 def _service(request: web.Request, model: str) -> ExecuterService | StockService:
@@ -395,8 +451,11 @@ async def chat_completions(request: web.Request) -> web.Response:
     elif req.max_tokens == 0 and req.verification_proof_to_validate is not None:
         return await _verify_chat(request, service, req)
     params = _params(req)
+    limit = request.app[LIMIT_KEY]
+    limit.check_chars(sum(len(m.content) for m in req.messages))
     messages = normalise_messages([m.model_dump() for m in req.messages])
     prompt_ids = service.tokenizer.encode_chat(messages)
+    limit.check_tokens(len(prompt_ids), params.max_tokens)
     prompt_hash = compute_prompt_hash(service.files.model_id, messages=messages)
     if isinstance(service, StockService):
         stock: StockServed = await _run(request, service.infer, prompt_ids, prompt_hash, params, req.seed,
@@ -423,6 +482,8 @@ async def chat_completions(request: web.Request) -> web.Response:
 
 async def _verify_chat(request: web.Request, service: ExecuterService, req: ChatCompletionRequest) -> web.Response:
     """Verification-instance mode: the last message is the response to check; one prefill."""
+    limit = request.app[LIMIT_KEY]
+    limit.check_chars(sum(len(m.content) for m in req.messages))
     messages = normalise_messages([m.model_dump() for m in req.messages])
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
         raise ApiError(400, "verification needs the response as the last, assistant, message", param="messages")
@@ -433,6 +494,7 @@ async def _verify_chat(request: web.Request, service: ExecuterService, req: Chat
         output_ids = service.tokenizer.encode_response(messages[-1]["content"])
     if not output_ids:
         raise ApiError(400, "the response has no tokens", param="messages")
+    limit.check_tokens(len(prompt_ids), len(output_ids))
     proofs = decode_fingerprint_base64(req.verification_proof_to_validate or [])
     report = await _run(request, service.check_fingerprint, prompt_ids, output_ids, proofs)
     profile = request.app[PROFILE_KEY]
@@ -455,7 +517,10 @@ async def completions(request: web.Request) -> web.Response:
     req: CompletionRequest = await _parse(request, CompletionRequest)
     service = _service(request, req.model)
     params = _params(req)
+    limit = request.app[LIMIT_KEY]
+    limit.check_chars(len(req.prompt), "prompt")
     prompt_ids = service.tokenizer.encode_text(req.prompt)
+    limit.check_tokens(len(prompt_ids), params.max_tokens, "prompt")
     prompt_hash = compute_prompt_hash(service.files.model_id, prompt=req.prompt)
     if isinstance(service, StockService):
         _refuse_for_stock(req.logprobs, None)
@@ -514,10 +579,10 @@ async def get_artifact(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise ApiError(400, "artifact root must be 32 bytes of hex") from exc
     service = request.app[SERVICE_KEY]
-    served = None if isinstance(service, StockService) else service.get_by_root(root)
-    if served is None:
+    wire = None if isinstance(service, StockService) else service.artifact_wire(root)
+    if wire is None:
         raise ApiError(404, "unknown artifact root", code="not_found")
-    return web.Response(body=served.wire, content_type="application/octet-stream")
+    return web.Response(body=wire, content_type="application/octet-stream")
 
 
 async def get_payload(request: web.Request) -> web.Response:
@@ -541,9 +606,10 @@ def create_app(service: ExecuterService | StockService, profile_path: str, calib
     ``workload``: a WorkloadRecord to serve read-only under /v1/workload/, behind the API keys; it
     holds prompts, outputs and tensors, so it is never served without a key (refused at start-up).
     """
-    app = web.Application(middlewares=[error_middleware], client_max_size=8 * 2**20)
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     app[SERVICE_KEY] = service
     app[PROFILE_KEY] = {"path": profile_path, "calibrated": calibrated}
+    app[LIMIT_KEY] = load_prompt_limit(service)
     app[LOCK_KEY] = asyncio.Lock()
     app[ADMISSION_KEY] = Admission(settings or get_default_api_settings(), app[LOCK_KEY])
     app.add_routes([

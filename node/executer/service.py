@@ -2,8 +2,9 @@
 
 One ``ExecuterService`` owns one engine. It derives run_seed from the user seed and inference id,
 generates with the canonical sampler, builds the artifact, its Merkle root and the activation
-fingerprint, and keeps the payload for validators to fetch (in memory, newest N; a persistent
-store comes with the validator daemon). Verification-instance mode runs one prefill instead.
+fingerprint, and keeps the payload for validators to fetch: on disk (the node's LevelDB, synced) before
+its commit is sent, so that a restart between commit and fetch loses nothing, with the newest N also in
+memory. Verification-instance mode runs one prefill instead.
 """
 
 from __future__ import annotations
@@ -86,6 +87,20 @@ class FingerprintReport:
     decision: FingerprintDecision
 
 
+class PayloadStore(Protocol):
+    """Where an executer keeps what it serves, durably (node.store.leveldb.Store)."""
+
+    def put_served(self, inference_id: int, payload: bytes, root: bytes | None = None,
+                   wire: bytes | None = None) -> None:
+        """Persist (synced) an inference's payload and its artifact wire bytes by root."""
+
+    def get_served(self, inference_id: int) -> bytes | None:
+        """Return a stored payload."""
+
+    def get_served_wire(self, root: bytes) -> bytes | None:
+        """Return stored artifact wire bytes by artifact root."""
+
+
 class InferenceRecorder(Protocol):
     """Optional hook that records each served inference (node.workload.recorder implements it)."""
 
@@ -111,8 +126,10 @@ class ExecuterService:
 
     def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, engine: Engine,
                  thresholds: FingerprintThresholds | None, keep: int = 10_000, gate: ChainGate | None = None,
-                 recorder: InferenceRecorder | None = None, moe: MoeRecorder | None = None) -> None:
+                 recorder: InferenceRecorder | None = None, moe: MoeRecorder | None = None,
+                 store: PayloadStore | None = None) -> None:
         self.files = files
+        self.store = store  # on a chain: every payload written here (synced) before its commit is sent
         self.moe = moe  # an MoE model: per-expert commitments bound into the fingerprint hash, duty slices kept
         self.recorder = recorder  # off by default: the workload record of every served inference
         self.gate = gate  # on a chain: requests checked against it, results committed to it
@@ -152,6 +169,8 @@ class ExecuterService:
                                                               compute_fingerprint_hash(proofs))
         served = ServedInference(iid, seed, prompt_hash, request, gen, artifact, encode_artifact_wire(artifact),
                                  proofs, bound)
+        if self.store is not None:  # durable first: a commit is never sent for a payload a restart would lose
+            self.store.put_served(iid, self._encode_payload(served), artifact.root, served.wire)
         if self.gate is not None:
             self.gate.commit(served, artifact.root)
         self._remember(served)
@@ -207,12 +226,15 @@ class ExecuterService:
         return self._served.get(inference_id)
 
     def payload_json(self, inference_id: int) -> bytes | None:
-        """Return the payload validators fetch (HTTP and libp2p serve the same bytes), if still kept."""
+        """Return the payload validators fetch (HTTP and libp2p serve the same bytes): from memory, else from disk."""
+        served = self._served.get(inference_id)
+        if served is not None:
+            return self._encode_payload(served)
+        return None if self.store is None else self.store.get_served(inference_id)
+
+    def _encode_payload(self, served: ServedInference) -> bytes:
         from node.executer.api import InferencePayload
 
-        served = self._served.get(inference_id)
-        if served is None:
-            return None
         return InferencePayload(
             model=self.files.spec.name, model_id="0x" + self.files.model_id.hex(),
             inference_id=str(served.inference_id), user_seed=str(served.user_seed), request=served.request,
@@ -221,6 +243,13 @@ class ExecuterService:
         ).model_dump_json().encode()
 
     def get_by_root(self, root: bytes) -> ServedInference | None:
-        """Return a served inference by artifact root, if still kept."""
+        """Return a served inference by artifact root, if still kept in memory."""
         iid = self._by_root.get(root)
         return None if iid is None else self._served.get(iid)
+
+    def artifact_wire(self, root: bytes) -> bytes | None:
+        """Return an artifact's wire bytes by its root: from memory, else from disk."""
+        served = self.get_by_root(root)
+        if served is not None:
+            return served.wire
+        return None if self.store is None else self.store.get_served_wire(root)

@@ -22,7 +22,7 @@ from node.engines.tokenizer import ModelTokenizer
 from node.errors import InvalidInput, Reason
 from node.executer.api import StockPayload
 from node.executer.chain_mode import ChainGate
-from node.executer.service import derive_inference_id
+from node.executer.service import PayloadStore, derive_inference_id
 from node.protocol.artifact import compute_output_hash
 from node.protocol.sampler import SamplingParams
 from node.protocol.seed import run_seed
@@ -70,7 +70,7 @@ class StockService:
     recorder = None  # the workload record covers the canonical executer only
 
     def __init__(self, files: ModelFiles, tokenizer: ModelTokenizer, generate: StockGenerate, info: EngineInfo,
-                 gate: ChainGate | None = None, keep: int = 10_000) -> None:
+                 gate: ChainGate | None = None, keep: int = 10_000, store: PayloadStore | None = None) -> None:
         if require_known_sampler(files.spec.sampler) != SAMPLER_NAME:
             raise InvalidInput(f"{files.spec.name} is not registered for the stock sampler", Reason.UNKNOWN_SAMPLER)
         self.files = files
@@ -78,6 +78,7 @@ class StockService:
         self.generate = generate
         self.info = info
         self.gate = gate
+        self.store = store  # on a chain: every payload written here (synced) before its commit is sent
         self.keep = keep
         self._served: OrderedDict[int, StockServed] = OrderedDict()
 
@@ -93,6 +94,8 @@ class StockService:
         served = StockServed(iid, seed, prompt_hash, request, truncate_at_stop(tokens, stops)[: params.max_tokens])
         if not served.output_ids:
             raise InvalidInput("the engine returned no tokens", Reason.OUTPUT_LENGTH_MISMATCH)
+        if self.store is not None:  # durable first: a commit is never sent for a payload a restart would lose
+            self.store.put_served(iid, self._encode_payload(served))
         if self.gate is not None:
             self.gate.commit(served, STOCK_ARTIFACT_ROOT)
         self._served.pop(iid, None)
@@ -107,10 +110,13 @@ class StockService:
         return served.output_ids[-1] in self.files.spec.stop_token_ids
 
     def payload_json(self, inference_id: int) -> bytes | None:
-        """Return the StockPayload validators fetch, if still kept."""
+        """Return the StockPayload validators fetch: from memory, else from disk."""
         served = self._served.get(inference_id)
-        if served is None:
-            return None
+        if served is not None:
+            return self._encode_payload(served)
+        return None if self.store is None else self.store.get_served(inference_id)
+
+    def _encode_payload(self, served: StockServed) -> bytes:
         return StockPayload(model=self.files.spec.name, model_id="0x" + self.files.model_id.hex(),
                             inference_id=str(served.inference_id), user_seed=str(served.user_seed),
                             request=served.request, output_ids=list(served.output_ids)).model_dump_json().encode()

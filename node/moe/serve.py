@@ -5,22 +5,28 @@ an id or duty that is not canonical or not a duty of the model, 404 for an infer
 `GET /v1/moe/{inference_id}` answers the opening (JSON, `MoeOpeningWire`) that anyone submits to
 ExpertDuty.assignDuties. Anyone may ask (as for dense payloads, the data is what the operator committed to
 publishing); what a request costs is one encoding of rows already in memory, and the store keeps a bounded number
-of inferences.
+of inferences in memory. On a chain the store also writes each inference's trace to the node's LevelDB (synced)
+before its commit is sent, and reads back from there what memory no longer holds (an executer restarted between
+commit and duty keeps serving every slice it committed to).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
+import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from chain.moe import MoeOpening
-from node.moe.trace import MoeTrace
+from node.moe.trace import ExpertRows, MoeTrace, build_commitment
 from node.moe.wire import encode_duty_slice
 from node.protocol.artifact import compute_output_hash
 from node.protocol.moe import ExpertKey, InvalidMoe, MoeCommitment, MoeReason
@@ -41,16 +47,70 @@ class ServedMoe:
     fingerprint_hash: bytes  # the dense one, before moeRoot is bound in
 
 
-class MoeSliceStore:
-    """The operator's recent MoE inferences, oldest dropped first beyond `capacity`."""
+class DurableMoeStore(Protocol):
+    """Where an MoE executer keeps its traces durably (node.store.leveldb.Store)."""
 
-    def __init__(self, capacity: int = 256) -> None:
+    def put_served_moe(self, inference_id: int, blob: bytes) -> None:
+        """Persist (synced) one inference's encoded trace."""
+
+    def get_served_moe(self, inference_id: int) -> bytes | None:
+        """Return one inference's encoded trace."""
+
+
+def encode_served_moe(served: ServedMoe) -> bytes:
+    """Return one served MoE inference as bytes (an npz of its trace and ids; the commitment is rebuilt from them,
+    the block outputs, which are never served, are left out)."""
+    trace = served.trace
+    keys = sorted(trace.outputs)
+    input_keys = sorted(trace.expert_inputs)
+    meta = {"num_experts": trace.num_experts, "keys": [[k.layer, k.expert] for k in keys],
+            "input_keys": [[k.layer, k.expert] for k in input_keys],
+            "artifact_root": served.artifact_root.hex(), "fingerprint_hash": served.fingerprint_hash.hex()}
+    arrays: dict[str, np.ndarray] = {
+        "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), "inputs": trace.inputs,
+        "experts": trace.experts, "weights": trace.weights,  # `mixed` is diagnostics, never served: not kept
+        "prompt_ids": np.asarray(served.prompt_ids, dtype=np.int64),
+        "output_ids": np.asarray(served.output_ids, dtype=np.int64)}
+    for i, key in enumerate(keys):
+        arrays[f"p{i}"], arrays[f"o{i}"] = trace.outputs[key].positions, trace.outputs[key].outputs
+    for i, key in enumerate(input_keys):
+        arrays[f"x{i}"] = trace.expert_inputs[key]
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def decode_served_moe(blob: bytes) -> ServedMoe:
+    """Return a served MoE inference from `encode_served_moe`'s bytes (its commitment rebuilt from the trace)."""
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        meta = json.loads(z["meta"].tobytes())
+        outputs = {ExpertKey(layer, expert): ExpertRows(z[f"p{i}"], z[f"o{i}"])
+                   for i, (layer, expert) in enumerate(meta["keys"])}
+        expert_inputs = {ExpertKey(layer, expert): z[f"x{i}"] for i, (layer, expert) in enumerate(meta["input_keys"])}
+        trace = MoeTrace(z["inputs"], z["experts"], z["weights"], outputs, np.zeros(0, dtype=np.float32),
+                         int(meta["num_experts"]), expert_inputs)
+        prompt_ids = tuple(int(t) for t in z["prompt_ids"])
+        output_ids = tuple(int(t) for t in z["output_ids"])
+    return ServedMoe(build_commitment(trace), trace, prompt_ids, output_ids, bytes.fromhex(meta["artifact_root"]),
+                     bytes.fromhex(meta["fingerprint_hash"]))
+
+
+class MoeSliceStore:
+    """The operator's MoE inferences: the newest `capacity` in memory, every one on disk when `durable` is set."""
+
+    def __init__(self, capacity: int = 256, durable: DurableMoeStore | None = None) -> None:
         self.capacity = capacity
+        self.durable = durable
         self._items: OrderedDict[int, ServedMoe] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, inference_id: int, served: ServedMoe) -> None:
-        """Keep one inference's commitment and trace."""
+        """Keep one inference's commitment and trace (on disk first, synced, when durable)."""
+        if self.durable is not None:
+            self.durable.put_served_moe(inference_id, encode_served_moe(served))
+        self._keep(inference_id, served)
+
+    def _keep(self, inference_id: int, served: ServedMoe) -> None:
         with self._lock:
             self._items[inference_id] = served
             self._items.move_to_end(inference_id)
@@ -58,9 +118,17 @@ class MoeSliceStore:
                 self._items.popitem(last=False)
 
     def get(self, inference_id: int) -> ServedMoe | None:
-        """Return one inference's commitment and trace, if kept."""
+        """Return one inference's commitment and trace, if kept (memory first, then disk)."""
         with self._lock:
-            return self._items.get(inference_id)
+            served = self._items.get(inference_id)
+        if served is not None or self.durable is None:
+            return served
+        blob = self.durable.get_served_moe(inference_id)
+        if blob is None:
+            return None
+        served = decode_served_moe(blob)
+        self._keep(inference_id, served)
+        return served
 
     def encode(self, inference_id: int, key: ExpertKey) -> bytes | None:
         """Return one duty's slice of an inference, None if not kept (InvalidMoe if not a duty of the model)."""
@@ -142,7 +210,7 @@ def add_moe_routes(app: web.Application, store: MoeSliceStore) -> None:
             inference_id = parse_inference_id(request.match_info["inference_id"])
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:200]}, status=400)
-        served = store.get(inference_id)
+        served = await asyncio.to_thread(store.get, inference_id)  # from disk after a restart: not on the loop
         if served is None:
             return web.json_response({"error": "unknown inference"}, status=404)
         wire = await asyncio.to_thread(lambda: MoeOpeningWire.of(compute_opening(served)))
@@ -159,5 +227,5 @@ def make_moe_app(store: MoeSliceStore) -> web.Application:
     return app
 
 
-__all__ = ["MoeOpeningWire", "MoeSliceStore", "ServedMoe", "add_moe_routes", "compute_opening", "make_moe_app",
-           "parse_inference_id"]
+__all__ = ["DurableMoeStore", "MoeOpeningWire", "MoeSliceStore", "ServedMoe", "add_moe_routes", "compute_opening",
+           "decode_served_moe", "encode_served_moe", "make_moe_app", "parse_inference_id"]

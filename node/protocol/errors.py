@@ -55,6 +55,9 @@ class Reason(IntEnum):
     OUTPUT_HASH_MISMATCH = 306
     ARTIFACT_ROOT_MISMATCH = 307
     PROMPT_MISMATCH = 308
+    # No payload for the commitment from the operator within the check window (its endpoints unreachable or
+    # answering "unknown"): an unavailability verdict, kept apart from a payload that contradicts the commitment.
+    PAYLOAD_UNAVAILABLE = 309
 
     # Stage 1, per position (4xx): the same codes the contract's fraud proof uses.
     CANDIDATE_ID_OUT_OF_RANGE = 400

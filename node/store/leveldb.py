@@ -10,6 +10,9 @@ Layout (every key under ``v1/<chain id>/<contract>/``):
                              verdict record) → submitted; job/done/<id> (empty) once it ended, so that a
                              re-delivered event does not start it again
   vote/<id>/<signer>         JSON of a signed vote known for an inference (ours and gossiped), until it settles
+  served/<inference id>      an executer's payload JSON of an inference it served (synced before its commit is sent)
+  served-root/<root>         an executer's artifact wire bytes, by artifact root (written with its payload)
+  served-moe/<inference id>  an MoE executer's trace of an inference (node.moe.serve), synced before its commit
 and ``meta/identity`` = the chain id and contract this database belongs to (another is refused).
 LevelDB's own LOCK file makes a second open fail: that is the single-instance lock. Slashing
 records and journal entries are written with ``sync=True`` before anything leaves the process.
@@ -158,6 +161,40 @@ class Store:
             self.ns.delete(b"payload/" + commitment, sync=True)
             return None
         return bytes(raw)
+
+    # ---- an executer's served payloads --------------------------------------------------------
+
+    @_locked
+    def put_served(self, inference_id: int, payload: bytes, root: bytes | None = None, wire: bytes | None = None
+                   ) -> None:
+        """Persist (synced) the payload an executer serves for an inference, and its artifact wire bytes by root."""
+        with self.ns.write_batch(sync=True) as batch:
+            batch.put(_served_key(b"served/", inference_id), payload)
+            if root is not None and wire is not None:
+                batch.put(b"served-root/" + root, wire)
+
+    @_locked
+    def get_served(self, inference_id: int) -> bytes | None:
+        """Return the payload an executer stored for an inference."""
+        raw = self.ns.get(_served_key(b"served/", inference_id))
+        return None if raw is None else bytes(raw)
+
+    @_locked
+    def get_served_wire(self, root: bytes) -> bytes | None:
+        """Return the artifact wire bytes an executer stored under an artifact root."""
+        raw = self.ns.get(b"served-root/" + root)
+        return None if raw is None else bytes(raw)
+
+    @_locked
+    def put_served_moe(self, inference_id: int, blob: bytes) -> None:
+        """Persist (synced) an MoE executer's trace of an inference."""
+        self.ns.put(_served_key(b"served-moe/", inference_id), blob, sync=True)
+
+    @_locked
+    def get_served_moe(self, inference_id: int) -> bytes | None:
+        """Return an MoE executer's stored trace of an inference."""
+        raw = self.ns.get(_served_key(b"served-moe/", inference_id))
+        return None if raw is None else bytes(raw)
 
     # ---- cursors ------------------------------------------------------------------------------
 
@@ -372,6 +409,10 @@ def _verdict_key(inference_id: int) -> bytes:
 
 def _expert_verdict_key(inference_id: int, duty: int) -> bytes:
     return b"expert-verdict/" + inference_id.to_bytes(32, "big") + duty.to_bytes(4, "big")
+
+
+def _served_key(prefix: bytes, inference_id: int) -> bytes:
+    return prefix + inference_id.to_bytes(32, "big")
 
 
 def _record_key(kind: str, key: int) -> bytes:

@@ -66,11 +66,24 @@ class ValidatorConfig(BaseSettings):
                               "one batched forward pass (1: one inference at a time)")
     batch_wait: float = Field(0.02, ge=0, le=1, description="seconds a prefill waits for others to join its batch")
     fetch_retries: int = Field(5, ge=1)
+    unavailable_margin_blocks: int = Field(20, ge=1, description="a payload nobody serves is asked for again until "
+                                           "this many blocks of its check window are left; then the vote says "
+                                           "PAYLOAD_UNAVAILABLE (room for the vote to be gossiped and mined)")
+    unavailable_retry_delay: float = Field(5.0, gt=0, description="longest wait (s) between two rounds of asking for "
+                                           "a payload not served yet")
     check_attempts: int = Field(3, ge=1, description="tries of a check that fails unexpectedly (a bug, not the "
                                 "chain or a peer) before the job is given up; transient failures retry until the "
                                 "check window closes")
     retry_max_delay: float = Field(30.0, gt=0, description="longest back-off (s) between retries of a check or a "
                                    "submission")
+    health_interval: float = Field(1.0, gt=0, description="seconds between two /health probes of the RPC and cursor")
+    health_rpc_timeout: float = Field(2.0, gt=0, description="seconds a /health probe waits for the RPC")
+    health_rpc_grace: float = Field(6.0, gt=0, description="seconds without a successful chain read before /health "
+                                    "says rpc_unreachable")
+    health_max_lag_blocks: int = Field(12, ge=0, description="blocks the event cursor may trail the head (beyond the "
+                                       "confirmations) ...")
+    health_stall_seconds: float = Field(20.0, gt=0, description="... for this long without moving, before /health "
+                                        "says cursor_stalled")
     verdict_ttl: int = Field(3600, gt=0, description="seconds a signed verdict stays valid")
     recent_blocks_guard: int = Field(64, ge=0, description="blocks scanned at start for verdicts of another instance")
     metrics_host: str = "127.0.0.1"

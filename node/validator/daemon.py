@@ -12,7 +12,8 @@
            inference settles or its check window closes
   gossip   gossiped votes: parsed and signature-checked in the libp2p host (no RPC), then checked
            against the committee and our own record of the commitment here
-  http     /metrics (Prometheus) and /health
+  http     /metrics (Prometheus) and /health (typed: may it sign, does its RPC answer, does its event
+           cursor keep up; node.validator.health)
 
 A job lives in the store (job/pending → job/verified with its verdict record → job/submitted) from
 its commit event until its vote is recorded on chain or the inference settles or leaves its window,
@@ -60,6 +61,7 @@ from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
+from node.validator.health import HealthLimits, HealthMonitor, HealthReport, HealthStatus, decide_health
 from node.validator.httpread import read_capped
 from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
 from node.validator.tasks import wait_stop_or_failure
@@ -85,6 +87,8 @@ GOSSIP_RETRIES = 20  # a vote whose committee or commitment the chain cannot tel
 # Failures a later retry can cure: the chain, a peer or the network. Anything else is a bug or a
 # hostile input that slipped through: retried `check_attempts` times, then the job is given up.
 TRANSIENT = (RecoverableError, ChainError, aiohttp.ClientError, TimeoutError, OSError)
+# One place to ask for a payload: its name, the fetch, what to do with a bad answer, whether it is the operator's own.
+Source = tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None], bool]
 
 
 @dataclass
@@ -284,6 +288,8 @@ class ValidatorNode:
         self.jobs: asyncio.Queue[int] = asyncio.Queue()  # inference ids of pending jobs (the store holds them)
         self.verdicts: asyncio.Queue[int] = asyncio.Queue()  # inference ids of verified jobs
         self.healthy = True
+        rpc_url = getattr(hub.w3.provider, "endpoint_uri", None) or config.rpc_url
+        self.health = HealthMonitor(str(rpc_url), config.health_rpc_timeout, self._read_cursor)
         self.p2p: P2PHost | None = None  # started by run() when config.p2p_listen is set
         self.gossip: asyncio.Queue[tuple[bytes, int]] = asyncio.Queue()
         # filled by the asyncio side, read (never written) by the libp2p validation threads
@@ -291,6 +297,7 @@ class ValidatorNode:
         self._commitments: dict[int, Commitment] = {}
         self._ballots: dict[int, Ballot] = {}
         self._attempts: dict[int, int] = {}
+        self._unavailable: dict[int, int] = {}  # rounds a payload was asked for and not served, per inference
         self._check_window: int | None = None
         self._submit_wake = asyncio.Event()
         self._failure: BaseException | None = None  # a fatal error in a submission task, raised by the service
@@ -343,6 +350,7 @@ class ValidatorNode:
         self._submit_wake = asyncio.Event()
         self.preflight()
         self.load_jobs()
+        await self.health.probe()  # /health answers from its first request on
         self.metrics.healthy.set(1)
         if self.config.p2p_listen:
             from node.p2p.host import P2PHost
@@ -363,7 +371,8 @@ class ValidatorNode:
                    for i in range(self.config.verify_batch)),
                  asyncio.create_task(self._sign_loop(stop), name="sign"),
                  asyncio.create_task(self._submit_loop(stop), name="submit"),
-                 asyncio.create_task(self._gossip_loop(stop), name="gossip")]
+                 asyncio.create_task(self._gossip_loop(stop), name="gossip"),
+                 asyncio.create_task(self.health.run(stop, self.config.health_interval), name="health")]
         if self.moe is not None:
             tasks.append(asyncio.create_task(self.moe.run(stop), name="moe-duties"))
         try:
@@ -460,6 +469,7 @@ class ValidatorNode:
         self.store.forget_inference(inference_id)
         self._ballots.pop(inference_id, None)
         self._attempts.pop(inference_id, None)
+        self._unavailable.pop(inference_id, None)
         log.debug("inference done", extra={"inference_id": inference_id, "why": why})
 
     # ---- verify -----------------------------------------------------------------------------------
@@ -523,6 +533,21 @@ class ValidatorNode:
         return inf.status is Status.COMMITTED and \
             int(self.hub.w3.eth.block_number) <= inf.commit_block + self._get_check_window()
 
+    def _get_window_left(self, inference_id: int) -> int:
+        """Return the blocks left in an inference's check window."""
+        inf = self.hub.get_inference(inference_id)
+        return inf.commit_block + self._get_check_window() - int(self.hub.w3.eth.block_number)
+
+    def _retry_unavailable(self, inference_id: int, left: int) -> None:
+        """Ask again for a payload nobody served yet (an executer restarting, a network cut) while the window
+        leaves more than `unavailable_margin_blocks` blocks; the vote says PAYLOAD_UNAVAILABLE only after that."""
+        rounds = self._unavailable[inference_id] = self._unavailable.get(inference_id, 0) + 1
+        delay = min(0.5 * 2 ** min(rounds, 8), self.config.unavailable_retry_delay)
+        self.metrics.skipped.labels("payload-not-yet-available").inc()
+        log.info("payload not available yet; asking again", extra={"inference_id": inference_id, "blocks_left": left,
+                                                                    "round": rounds, "in_s": delay})
+        self._later(delay, self.jobs, inference_id)
+
     async def _check(self, session: aiohttp.ClientSession,
                      job: Job) -> tuple[VerdictRecord, FraudProof | None] | None:
         """Return the verdict record (and fraud proof) of a job, or None when there is nothing (yet) to sign."""
@@ -553,8 +578,14 @@ class ValidatorNode:
             # a stock-sampler model's commitment is fixed (§13.1): no payload can match another, none is fetched
             payload, reason, unavailable = None, Reason.ARTIFACT_ROOT_MISMATCH, b"ARTIFACT_ROOT_MISMATCH"
         else:
-            payload, reason = await self._fetch(session, job, slot.stock is not None)
+            left = await asyncio.to_thread(self._get_window_left, iid)
+            last_try = left <= self.config.unavailable_margin_blocks
+            payload, reason = await self._fetch(session, job, slot.stock is not None, last_try)
             unavailable = b"payload-unavailable"
+            if reason is Reason.PAYLOAD_UNAVAILABLE and not last_try:
+                self._retry_unavailable(iid, left)
+                return None
+            self._unavailable.pop(iid, None)
         started = time.perf_counter()
         fraud = None
         if payload is None:
@@ -623,13 +654,17 @@ class ValidatorNode:
                                           self.metrics.prefill_batch.observe)
         return slot.batcher
 
-    async def _fetch(self, session: aiohttp.ClientSession, job: Job,
-                     stock: bool = False) -> tuple[InferencePayload | StockPayload | None, Reason]:
-        """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why after the retries.
+    async def _fetch(self, session: aiohttp.ClientSession, job: Job, stock: bool = False,
+                     last_try: bool = True) -> tuple[InferencePayload | StockPayload | None, Reason]:
+        """Return the committed payload (cache, then libp2p peers, then HTTP), or None and why.
 
         Whatever a source answers is checked against the on-chain commitment before it is cached;
         a libp2p peer that answers something else is scored down (and dropped under the floor). A
         stock-sampler model's payload is a StockPayload, checked against the stock commitment.
+        Only the operator's own endpoints give evidence: bytes from them that do not parse or do not
+        match the commitment are the reason; when no source served anything (unreachable, unknown id,
+        another peer's garbage) the reason is PAYLOAD_UNAVAILABLE. `last_try`: all `fetch_retries`
+        rounds with back-off; otherwise one round (the job is asked again later, within its window).
         """
         facts = job.facts
         commitment = keccak256(facts.artifact_root + facts.output_hash + facts.fingerprint_hash)
@@ -653,9 +688,10 @@ class ValidatorNode:
         sources = self._sources(session, job)
         if not sources:
             self.metrics.fetch_failures.labels("no-endpoint").inc()
-        reason = Reason.ARTIFACT_ROOT_MISMATCH
-        for attempt in range(self.config.fetch_retries):
-            for name, fetch, on_bad in sources:
+        evidence: Reason | None = None  # what the operator's own endpoints served against the commitment
+        rounds = self.config.fetch_retries if last_try else 1
+        for attempt in range(rounds):
+            for name, fetch, on_bad, own in sources:
                 try:
                     raw = await fetch()
                     payload, reason = decode(raw)
@@ -668,6 +704,7 @@ class ValidatorNode:
                                                             "error": f"{type(exc).__name__}: {exc}"})
                     if isinstance(exc, InvalidInput):
                         on_bad()
+                        evidence = exc.reason if own else evidence
                     continue
                 if reason is Reason.OK:
                     self.metrics.fetched.labels(name).inc()
@@ -676,28 +713,32 @@ class ValidatorNode:
                     return payload, reason
                 self.metrics.fetch_failures.labels(f"{name}:{reason.name}").inc()
                 on_bad()
-            await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
-        return None, reason
+                evidence = reason if own else evidence
+            if evidence is not None:  # the operator served bytes that contradict its commitment: judged now
+                return None, evidence
+            if attempt + 1 < rounds:
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        return None, Reason.PAYLOAD_UNAVAILABLE
 
-    def _sources(self, session: aiohttp.ClientSession,
-                 job: Job) -> list[tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]]:
-        """Return where to ask for a payload, in order: the operator's libp2p peer, other peers, its HTTP URL."""
+    def _sources(self, session: aiohttp.ClientSession, job: Job) -> list[Source]:
+        """Return where to ask for a payload, in order: the operator's libp2p peer, other peers, its HTTP URL
+        (each with whether it is the operator's own endpoint)."""
         iid = job.facts.inference_id
-        out: list[tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]] = []
+        out: list[Source] = []
         if self.p2p is not None:
             operator_addr = self.config.peers.get(job.operator)
             addrs = ([operator_addr] if operator_addr else []) + [a for k, a in self.config.peers.items()
                                                                    if k != job.operator]
             p2p = self.p2p
 
-            def peer(addr: str) -> tuple[str, Callable[[], Awaitable[bytes]], Callable[[], None]]:
+            def peer(addr: str) -> Source:
                 async def fetch() -> bytes:
                     return await p2p.fetch_payload(addr, iid)
 
                 def bad() -> None:
                     p2p.score_down(addr)
 
-                return "libp2p", fetch, bad
+                return "libp2p", fetch, bad, addr == operator_addr
 
             out.extend(peer(addr) for addr in addrs)
         url = self.config.executers.get(job.operator)
@@ -708,7 +749,7 @@ class ValidatorNode:
                         raise ValueError(f"http {response.status}")
                     return await read_capped(response, MAX_PAYLOAD)
 
-            out.append(("http", http, lambda: None))
+            out.append(("http", http, lambda: None, True))
         return out
 
     def _serve_payload(self, inference_id: int) -> bytes | None:
@@ -996,16 +1037,29 @@ class ValidatorNode:
 
     # ---- http -----------------------------------------------------------------------------------
 
+    def _read_cursor(self) -> int:
+        """Return the last block the event stream recorded (its start block before the first)."""
+        blocks = self.store.cursor("events").load()
+        return blocks[-1][0] if blocks else self.config.start_block
+
+    def get_health(self) -> HealthReport:
+        """Return the node's health: signing allowed, RPC answering, event cursor keeping up with the head."""
+        c = self.config
+        limits = HealthLimits(c.health_rpc_grace, c.health_max_lag_blocks, c.health_stall_seconds, c.confirmations)
+        facts = self.health.facts(self.healthy and self.stream.healthy)
+        status = decide_health(facts, limits)
+        self.metrics.healthy.set(1 if status is HealthStatus.OK else 0)
+        return HealthReport(status=status, healthy=status is HealthStatus.OK, address=self.account.address,
+                            queue=self.jobs.qsize(), cursor=facts.cursor, head=facts.head,
+                            rpc_age_s=None if facts.last_rpc_ok is None else round(facts.now - facts.last_rpc_ok, 3))
+
     async def _start_http(self) -> web.AppRunner:
         async def metrics(_: web.Request) -> web.Response:
             return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
         async def health(_: web.Request) -> web.Response:
-            ok = self.healthy and self.stream.healthy
-            blocks = self.store.cursor("events").load()
-            body = {"healthy": ok, "address": self.account.address, "queue": self.jobs.qsize(),
-                    "cursor": blocks[-1][0] if blocks else None}
-            return web.json_response(body, status=200 if ok else 503)
+            report = self.get_health()
+            return web.json_response(report.model_dump(mode="json"), status=200 if report.healthy else 503)
 
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
