@@ -414,6 +414,9 @@ def send(w3: Web3, account: LocalAccount, fn: Any, value: int = 0, timeout: floa
     try:
         tx = fn.build_transaction({"from": account.address, "value": value,
                                    "nonce": w3.eth.get_transaction_count(account.address, "pending")})
+        # the estimate runs in the latest block's context: a call that appends a checkpoint of a shared history
+        # (the hub's eligible count) pays a fresh slot in the next block that it did not pay in the estimate
+        tx["gas"] = int(int(tx["gas"]) * SEND_GAS_MARGIN) + 30_000
         tx_hash = w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
         receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=timeout)
     except Exception as exc:  # translated below
@@ -427,6 +430,7 @@ MODULE_ROLE = keccak(text="MODULE_ROLE")  # the hub's role for modules that may 
 # StakeQuorum.weightDelay of the modules a devnet or test deploys: blocks a validator's stake must stand before a
 # quorum's reference block to count (a real network sets hours of blocks; docs/security.md, issue 30 finding 5)
 WEIGHT_DELAY = 4
+SEND_GAS_MARGIN = 1.25  # `send`'s estimate × this + 30k (TxManager keeps its own margin)
 
 
 class ModuleClient:

@@ -301,6 +301,16 @@ class TxManager:
         self._push(entry)
         return entry
 
+    def cancel(self, nonce: int) -> bool:
+        """Replace the journaled, still pending transaction at `nonce` by a no-op (signed and journaled, synced,
+        before anything is sent; `resume` broadcasts it). Return False if there is none or the fee cap is reached."""
+        with self._lock:
+            entry = self.journal.journal_get(nonce)
+            if entry is None or entry["status"] != PENDING:
+                return False
+            base_fee = int(self.w3.eth.get_block("latest").get("baseFeePerGas", 0))
+            return self._resign(entry, NOOP, base_fee)
+
     # ---- signing and broadcasting attempts ----------------------------------------------------
 
     def _resign(self, entry: dict[str, Any], kind: str, base_fee: int) -> bool:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from chain.contracts import Hub, Params, Status, params_from_event
 from chain.errors import ChainError
-from chain.txmanager import NOOP, PENDING, TxManager
+from chain.txmanager import PENDING, TxManager
 from node.errors import InvalidInput, Reason, RecoverableError
 from node.protocol.sampler import SamplingParams
 
@@ -137,9 +137,7 @@ def resume_commits(txm: TxManager, payloads: PayloadReader) -> list[int]:
         if payloads.get_served(inference_id) is not None:
             continue
         try:
-            base_fee = int(txm.w3.eth.get_block("latest").get("baseFeePerGas", 0))
-            with txm._lock:  # the manager's own no-op fill (as for a transaction that would now revert)
-                txm._resign(entry, NOOP, base_fee)
+            txm.cancel(int(entry["nonce"]))  # the manager's own no-op fill (as for a transaction that would now revert)
         except Exception as exc:
             raise RecoverableError(f"chain unavailable: {exc}", Reason.CHAIN_UNAVAILABLE) from exc
         log.error("journaled commit without its payload on disk: not re-sent, its nonce filled with a no-op",
