@@ -403,7 +403,7 @@ def find_routing_gaps(commitment: MoeCommitment) -> list[tuple[ExpertKey, int]]:
 
 @dataclass(frozen=True)
 class Holder:
-    """A validator in the draw's stake snapshot: address and settled weight (what it declares to hold narrows nothing)."""
+    """A validator in the draw's stake snapshot: address and settled weight (declared holdings narrow nothing)."""
 
     address: bytes
     stake: int

@@ -34,7 +34,8 @@ from node.protocol.moe import (
 )
 
 HIDDEN = 32
-GOLDEN_ASSIGNMENT = {"layer0.e0": [11, 6, 7], "shared": [1, 11, 8], "layer0.router": [11, 7, 10], "layer1.e3": [10, 4, 6]}
+GOLDEN_ASSIGNMENT = {"layer0.e0": [11, 6, 7], "shared": [1, 11, 8], "layer0.router": [11, 7, 10],
+                     "layer1.e3": [10, 4, 6]}
 
 
 def make_commitment(seed: int = 0, layers: int = 2, experts: int = 4, positions: int = 6) -> MoeCommitment:
