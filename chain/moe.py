@@ -27,7 +27,8 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, ModuleClient, load_artifact, send, translate_module_error
+from chain.contracts import Hub, ModuleClient, decode_revert, load_artifact, send, translate_module_error
+from chain.errors import ContractReverted
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "ExpertDuty.json"
 PER_DUTY = 3  # judges drawn per duty: a majority of 2 settles it, never one
@@ -176,6 +177,13 @@ class ExpertDutyClient(ModuleClient):
                                scores_digest))
 
 
+def decode_module_revert(exc: ContractReverted) -> ContractReverted:
+    """Return a revert the hub's error table did not name (a transaction manager's) named from the module's ABI."""
+    if exc.error != "UnknownError" or not exc.data.startswith("0x"):
+        return exc
+    return decode_revert(bytes.fromhex(exc.data[2:]), ARTIFACT)
+
+
 def deploy_expert_duty(w3: Web3, account: LocalAccount, hub: Hub, per_duty: int = PER_DUTY,
                        weight_delay: int = WEIGHT_DELAY) -> ExpertDutyClient:
     """Deploy the module beside `hub`; it is granted no hub role (it slashes no one: the hub committee does)."""
@@ -189,4 +197,5 @@ def deploy_expert_duty(w3: Web3, account: LocalAccount, hub: Hub, per_duty: int 
 
 
 __all__ = ["PER_DUTY", "WEIGHT_DELAY", "DutyResult", "ExpertDutyClient", "ExpertVote", "MoeOpening", "Opened",
-           "compute_expert_digest", "compute_expert_typed_data", "deploy_expert_duty", "sign_expert_vote"]
+           "compute_expert_digest", "compute_expert_typed_data", "decode_module_revert", "deploy_expert_duty",
+           "sign_expert_vote"]

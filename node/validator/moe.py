@@ -50,7 +50,7 @@ from chain.contracts import Commitment, Hub, Status, Vote
 from chain.eip712 import Verdict, sign_verdict
 from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, EventStream, Reorg
-from chain.moe import DutyResult, ExpertDutyClient, Opened, sign_expert_vote
+from chain.moe import DutyResult, ExpertDutyClient, Opened, decode_module_revert, sign_expert_vote
 from chain.txmanager import TxManager
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.moe.config import DutyValidator
@@ -287,7 +287,10 @@ class MoeDutyService:
         if keccak256(opening.output_hash + opening.artifact_root + bound) != inf.commitment:
             raise ValueError(f"opening of {iid} does not rebuild the hub's commitment")  # never paid for
         fn = self.module.contract.functions.assignDuties(iid, opening.as_tuple())
-        entry = await asyncio.to_thread(lambda: self.txm.send(fn, purpose=f"assign duties {iid}"))
+        try:
+            entry = await asyncio.to_thread(lambda: self.txm.send(fn, purpose=f"assign duties {iid}"))
+        except ContractReverted as exc:  # the module's own errors (Uncoverable, AlreadyAssigned) by name
+            raise decode_module_revert(exc) from exc
         await asyncio.to_thread(self.txm.confirm, entry["nonce"])
         self.opened_by_us.append(iid)
         log.info("MoE inference opened on the module", extra={"inference_id": iid})
@@ -525,7 +528,10 @@ class MoeDutyService:
                  for s in stored]
         iid = stored[0].inference_id
         fn = self.module.contract.functions.submitExpertVerdicts(iid, [v.as_tuple() for v in votes])
-        entry = self.txm.send(fn, purpose=f"expert verdicts {iid}")
+        try:
+            entry = self.txm.send(fn, purpose=f"expert verdicts {iid}")
+        except ContractReverted as exc:  # the module's own errors (NotAssignedTo, DutyNotAssigned) by name
+            raise decode_module_revert(exc) from exc
         self.txm.confirm(entry["nonce"])
         for s in stored:
             self.decided.labels("valid" if s.valid else "invalid").inc()

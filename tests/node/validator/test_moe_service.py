@@ -326,7 +326,7 @@ def test_a_colluding_majority_of_one_dutys_judges_cannot_slash_an_honest_operato
     # the colluders: two judges of one duty, at most one of them on the hub committee (its majority stays honest)
     duty, colluders = next((d, sorted(judges, key=lambda a: a in committee)[:2]) for d, judges in opened.drawn.items()
                            if sum(a in committee for a in sorted(judges, key=lambda a: a in committee)[:2]) <= 1)
-    keys = {s.account.address: s.account for s in services}
+    keys: dict[str, Any] = {s.account.address: s.account for s in services}
     moe_root = opened.served.commitment.root()
     chain_id = int(net.w3.eth.chain_id)
     votes = [sign_expert_vote(keys[a], chain_id, opened.ed.address, opened.iid, duty, moe_root, False,
