@@ -217,6 +217,16 @@ def _serve(opened: Opened, withheld: bool = False) -> MoeSliceStore:
     return slices
 
 
+def _settled(opened: Opened) -> Callable[[], int]:
+    """Return a count of the drawn duties settled on chain (a majority settles one; a late third judge signs none)."""
+    return lambda: sum(opened.ed.duty_result(opened.iid, d) is not DutyResult.OPEN for d in opened.drawn)
+
+
+def _hub_settled(net: Net, opened: Opened) -> Callable[[], int]:
+    """Return 1 once the hub settled the inference (its committee's quorum voted), else 0."""
+    return lambda: int(net.hub.get_inference(opened.iid).status is not Status.COMMITTED)
+
+
 def _close(services: list[MoeDutyService]) -> None:
     for s in services:
         s.store.close()
@@ -226,9 +236,9 @@ def test_honest_duties_are_judged_from_fetched_slices_and_all_pass(net: Net, tin
                                                                     tmp_path: Path) -> None:
     opened, services, expected, port = _network(net, tiny, tmp_path)
     try:
-        asyncio.run(_run(net, services, _serve(opened), expected, port))
+        asyncio.run(_run(net, services, _serve(opened), len(opened.drawn), port, count=_settled(opened)))
         signed = [d for s in services for d in s.done]
-        assert len(signed) == expected and all(reason == 0 for _, _, reason in signed)
+        assert 2 * len(opened.drawn) <= len(signed) <= expected and all(reason == 0 for _, _, reason in signed)
         for duty in opened.drawn:
             assert opened.ed.duty_result(opened.iid, duty) is DutyResult.PASSED, parse_duty_key(duty)
         for s in services:  # every signed decision was recorded first, per duty
@@ -285,10 +295,9 @@ def test_an_opening_that_does_not_rebuild_the_commitment_is_never_sent_and_is_vo
 def test_an_int8_expert_fails_its_duty_and_the_committee_slashes_the_operator(net: Net, tiny: tuple[Path, Any],
                                                                               tmp_path: Path) -> None:
     cheat = ExpertKey(1, 1)
-    opened, services, expected, port = _network(net, tiny, tmp_path, cheat, model_id=MODEL_ID)
+    opened, services, _, port = _network(net, tiny, tmp_path, cheat, model_id=MODEL_ID)
     try:
-        asyncio.run(_run(net, services, _serve(opened), expected + 2, port, timeout=300,
-                         count=lambda: sum(len(s.done) + len(s.hub_votes) for s in services)))
+        asyncio.run(_run(net, services, _serve(opened), 1, port, timeout=300, count=_hub_settled(net, opened)))
         failed = {str(parse_duty_key(d)) for d in opened.drawn
                   if opened.ed.duty_result(opened.iid, d) is DutyResult.FAILED}
         assert failed == {str(cheat)}
@@ -304,10 +313,10 @@ def test_an_int8_expert_fails_its_duty_and_the_committee_slashes_the_operator(ne
 
 
 def test_withheld_slices_are_judged_unavailable_and_slash(net: Net, tiny: tuple[Path, Any], tmp_path: Path) -> None:
-    opened, services, expected, port = _network(net, tiny, tmp_path, model_id=MODEL_ID)
+    opened, services, _, port = _network(net, tiny, tmp_path, model_id=MODEL_ID)
     try:
-        asyncio.run(_run(net, services, _serve(opened, withheld=True), expected + 2, port, timeout=300,
-                         count=lambda: sum(len(s.done) + len(s.hub_votes) for s in services)))
+        asyncio.run(_run(net, services, _serve(opened, withheld=True), 1, port, timeout=300,
+                         count=_hub_settled(net, opened)))
         reasons = {reason for s in services for _, _, reason in s.done}
         assert reasons == {int(MoeReason.DUTY_DATA_UNAVAILABLE)}
         assert net.hub.staker(net.operator.address).jailed
@@ -371,14 +380,14 @@ def test_an_inference_no_duty_can_be_drawn_for_is_not_opened_and_gets_no_vote(ne
 def test_a_slice_for_another_commitment_counts_as_not_served(net: Net, tiny: tuple[Path, Any],
                                                             tmp_path: Path) -> None:
     """The operator serves the slices of an honest trace of other tokens: none rebuilds the committed root."""
-    opened, services, expected, port = _network(net, tiny, tmp_path)
+    opened, services, _, port = _network(net, tiny, tmp_path)
     other_trace = record_trace(tiny[1], [*PROMPT[:-1], 299, *OUTPUT[:-1]])
     forged = ServedMoe(build_commitment(other_trace), other_trace, PROMPT, OUTPUT, opened.served.artifact_root,
                        DENSE_FP)
     slices = MoeSliceStore()
     slices.put(opened.iid, forged)
     try:
-        asyncio.run(_run(net, services, slices, expected, port))
+        asyncio.run(_run(net, services, slices, len(opened.drawn), port, count=_settled(opened)))
         assert {reason for s in services for _, _, reason in s.done} == {int(MoeReason.DUTY_DATA_UNAVAILABLE)}
         assert all(s.errors.labels("fetch:InvalidMoe")._value.get() > 0 for s in services if s.done)
     finally:
@@ -463,11 +472,8 @@ def test_the_daemon_runs_the_moe_service_from_its_config_section(net: Net, tiny:
         node = ValidatorNode(cfg, v, Hub(net.w3, net.hub.address), store, {})
         node.moe = build_moe_service(cfg, v, node.hub, store, node)
         nodes.append(node)
-    expected = sum(len(a) for a in opened.drawn.values())
-
     try:
-        asyncio.run(_run(net, nodes, _serve(opened), expected, port,
-                         count=lambda: sum(len(n.moe.done) for n in nodes if n.moe)))
+        asyncio.run(_run(net, nodes, _serve(opened), len(opened.drawn), port, count=_settled(opened)))
         assert all(opened.ed.duty_result(opened.iid, d) is DutyResult.PASSED for d in opened.drawn)
         assert b"verinfer_moe_duties_total" in generate_latest(nodes[0].metrics.registry)
     finally:
@@ -511,9 +517,9 @@ def test_a_second_instance_with_another_store_refuses_to_start(net: Net, tiny: t
     could sign differently: its preflight sees A's ExpertVerdictRecorded events and refuses (FatalError)."""
     from node.errors import FatalError
 
-    opened, services, expected, port = _network(net, tiny, tmp_path / "a")
+    opened, services, _, port = _network(net, tiny, tmp_path / "a")
     try:
-        asyncio.run(_run(net, services, _serve(opened), expected, port))
+        asyncio.run(_run(net, services, _serve(opened), len(opened.drawn), port, count=_settled(opened)))
         voter = next(s for s in services if s.done)
         voter.preflight()  # its own store knows every verdict it sent
         twin = _services(net, opened, tiny[0], tiny[1], "http://127.0.0.1:9", tmp_path / "b")
