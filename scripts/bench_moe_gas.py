@@ -19,6 +19,7 @@ from chain.contracts import Commitment, HubConfig, ModelState, Params, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
 from chain.moe import WEIGHT_DELAY, MoeOpening, deploy_expert_duty, sign_expert_vote
+from node.devnet.moe import anvil_mine
 from node.protocol.hashing import keccak256
 from node.protocol.moe import compute_moe_fingerprint_hash, compute_opened_moe_root
 
@@ -40,8 +41,7 @@ def measure(per_duty: int, inferences: int) -> dict[str, Any]:
             hub.bond(v, Role.VALIDATOR, (3 + i) * 10**18)
         ed = deploy_expert_duty(w3, admin, hub, per_duty)
         ed.set_shape(admin, MODEL_ID, LAYERS, EXPERTS)
-        for _ in range(WEIGHT_DELAY + 1):
-            w3.provider.make_request("evm_mine", [])  # type: ignore[attr-defined]
+        anvil_mine(w3, WEIGHT_DELAY + 1)
         chain_id = int(w3.eth.chain_id)
         for n in range(inferences):
             counts = tuple(3 + (k + n) % 7 for k in range(LAYERS * EXPERTS))
@@ -53,8 +53,7 @@ def measure(per_duty: int, inferences: int) -> dict[str, Any]:
                                         Params(0x3F800000, 0x3F800000, 0, 16), 10**16)
             hub.commit_inference(operator, iid, Commitment(output_hash, artifact_root,
                                                            compute_moe_fingerprint_hash(dense_fp, moe_root)))
-            for _ in range(2):  # the selection seed's block
-                w3.provider.make_request("evm_mine", [])  # type: ignore[attr-defined]
+            anvil_mine(w3, 2)  # the selection seed's block
             opening = MoeOpening(output_hash, artifact_root, dense_fp, router_root, counts, roots)
             open_gas = int(ed.assign_duties(requester, iid, opening)["gasUsed"])
             verdict_gas, votes = [], 0
