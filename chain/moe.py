@@ -1,15 +1,16 @@
-"""Typed client for the ExpertDuty module (contracts/src/ExpertDuty.sol): holdings, duty draws, expert verdicts.
+"""Typed client for the ExpertDuty module (contracts/src/ExpertDuty.sol): duty draws and expert verdicts.
 
 A duty is its uint32 key on chain, `uint16 layer ‖ uint16 expert` (node.protocol.moe.compute_duty_key).
 
 An MoE operator binds its commitment into the hub's fingerprint hash (``compute_moe_fingerprint_hash``);
 anyone opens it on the module (``assign_duties``), which fixes the randomness that draws, per duty the inference
-used, ``perDuty`` validators among those that declared holding it before the commit. Draws are lazy: views
-(``assigned_to``, ``duties_of``) compute them, and a duty's first counted verdict stores its draw. An assigned
-validator signs an
-``ExpertVerdict`` in the module's own EIP-712 domain ("verinfer-experts", "1"); anyone relays it; a majority of
-a duty's assigned validators settles it, and a failed duty of a punitive model slashes and jails the operator
-on the hub (``Verinfer.slashForModule``, granted to the module with ``MODULE_ROLE``), once per inference.
+used, ``perDuty`` validators from all validators by their settled weight at the commit (stake that stood
+``weightDelay`` blocks before it; declared holdings are a hint that narrows nothing). Fewer eligible validators
+than ``perDuty``: the open reverts ``Uncoverable``. Draws are lazy: views (``assigned_to``, ``duties_of``) compute
+them, and a duty's first counted verdict stores its draw. A drawn validator signs an ``ExpertVerdict`` in the
+module's own EIP-712 domain ("verinfer-experts", "1"); anyone relays it; a majority of a duty's drawn validators
+settles it. The module slashes no one: the hub committee re-judges a failed duty and its quorum verdict at the hub
+settles (and, by the hub's rule, slashes).
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from chain.contracts import Hub, ModuleClient
+from chain.contracts import Hub, ModuleClient, decode_revert, load_artifact, send, translate_module_error
+from chain.errors import ContractReverted
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "ExpertDuty.json"
+PER_DUTY = 3  # judges drawn per duty: a majority of 2 settles it, never one
+WEIGHT_DELAY = 2  # blocks a validator's stake must stand before a commit to count in its draws (tests, devnets)
 DOMAIN_NAME, DOMAIN_VERSION = "verinfer-experts", "1"
 VERDICT_FIELDS = [{"name": "inferenceId", "type": "uint256"}, {"name": "duty", "type": "uint32"},
                   {"name": "moeRoot", "type": "bytes32"}, {"name": "valid", "type": "bool"},
@@ -68,8 +72,7 @@ class Opened:
     model_id: bytes
     commit_block: int
     duties: int
-    uncovered: int
-    slashed: bool
+    failed: int  # duties settled failed: the hub committee re-judges them before voting
 
 
 @dataclass(frozen=True)
@@ -127,13 +130,12 @@ class ExpertDutyClient(ModuleClient):
         return self.transact(account, "setShape", model_id, layers, experts)
 
     def declare_holdings(self, account: LocalAccount, model_id: bytes, keys: Sequence[int] | None) -> TxReceipt:
-        """Declare the duty keys `account` holds the weights for (None: the whole model); counts for later commits."""
+        """Announce the duty keys `account` keeps loaded (None: the whole model): a hint the draws never read."""
         return self.transact(account, "declareHoldings", model_id, keys is None, list(keys or ()))
 
-    def holds_at(self, model_id: bytes, validator: str, duty: int, commit_block: int) -> bool:
-        """Return whether a validator held a duty for an inference committed at `commit_block`."""
-        return bool(self.call("holdsAt", model_id, Web3.to_checksum_address(validator), duty,
-                              commit_block))
+    def settled_weight_at(self, validator: str, block: int) -> int:
+        """Return a validator's draw weight at the end of `block` (min of its weight then and weightDelay before)."""
+        return int(self.call("settledWeightAt", Web3.to_checksum_address(validator), block))
 
     def assign_duties(self, account: LocalAccount, inference_id: int, opening: MoeOpening) -> TxReceipt:
         """Open a checked inference's MoE commitment and fix its draws (anyone may, once; draws are lazy views)."""
@@ -142,14 +144,14 @@ class ExpertDutyClient(ModuleClient):
     def opened(self, inference_id: int) -> Opened:
         """Return an inference's record on the module (commit_block 0: not opened)."""
         r = self.call("opened", inference_id)
-        return Opened(bytes(r[0]), bytes(r[1]), int(r[2]), int(r[3]), int(r[4]), bool(r[5]))
+        return Opened(bytes(r[0]), bytes(r[1]), int(r[2]), int(r[3]), int(r[4]))
 
     def assigned_to(self, inference_id: int, duty: int) -> list[str]:
-        """Return the validators assigned to a duty, in hub slot order (empty: not a drawable duty)."""
+        """Return the validators drawn for a duty, in hub slot order (empty: not a used duty)."""
         return [Web3.to_checksum_address(a) for a in self.call("assignedTo", inference_id, duty)]
 
     def drawable_duties(self, inference_id: int) -> list[int]:
-        """Return an opened inference's drawable duty keys (used and covered), in holdings-bit order."""
+        """Return an opened inference's duty keys (every used one is drawn), in duty-bit order."""
         return [int(d) for d in self.call("drawableDuties", inference_id)]
 
     def duties_of(self, inference_id: int, validator: str) -> list[int]:
@@ -157,7 +159,7 @@ class ExpertDutyClient(ModuleClient):
         return [int(d) for d in self.call("dutiesOf", inference_id, Web3.to_checksum_address(validator))]
 
     def assignments(self, inference_id: int) -> dict[int, list[str]]:
-        """Return every drawable duty key of an inference with its validators (the lazy draws, read as views)."""
+        """Return every duty key of an inference with its drawn validators (the lazy draws, read as views)."""
         return {d: self.assigned_to(inference_id, d) for d in self.drawable_duties(inference_id)}
 
     def duty_result(self, inference_id: int, duty: int) -> DutyResult:
@@ -165,7 +167,7 @@ class ExpertDutyClient(ModuleClient):
         return DutyResult(int(self.call("duties", inference_id, duty)[3]))
 
     def submit_verdicts(self, account: LocalAccount, inference_id: int, votes: Sequence[ExpertVote]) -> TxReceipt:
-        """Relay assigned validators' signed verdicts (counted ones and votes on settled duties are skipped)."""
+        """Relay drawn validators' signed verdicts (counted ones and votes on settled duties are skipped)."""
         return self.transact(account, "submitExpertVerdicts", inference_id, [v.as_tuple() for v in votes])
 
     def verdict_digest(self, inference_id: int, duty: int, moe_root: bytes, valid: bool, reason: int,
@@ -175,10 +177,25 @@ class ExpertDutyClient(ModuleClient):
                                scores_digest))
 
 
-def deploy_expert_duty(w3: Web3, account: LocalAccount, hub: Hub, per_duty: int = 2) -> ExpertDutyClient:
-    """Deploy the module beside `hub` and grant it MODULE_ROLE (`account` must be the hub's admin)."""
-    return ExpertDutyClient.deploy_beside(w3, account, hub, per_duty)
+def decode_module_revert(exc: ContractReverted) -> ContractReverted:
+    """Return a revert the hub's error table did not name (a transaction manager's) named from the module's ABI."""
+    if exc.error != "UnknownError" or not exc.data.startswith("0x"):
+        return exc
+    return decode_revert(bytes.fromhex(exc.data[2:]), ARTIFACT)
 
 
-__all__ = ["DutyResult", "ExpertDutyClient", "ExpertVote", "MoeOpening", "Opened", "compute_expert_digest",
-           "compute_expert_typed_data", "deploy_expert_duty", "sign_expert_vote"]
+def deploy_expert_duty(w3: Web3, account: LocalAccount, hub: Hub, per_duty: int = PER_DUTY,
+                       weight_delay: int = WEIGHT_DELAY) -> ExpertDutyClient:
+    """Deploy the module beside `hub`; it is granted no hub role (it slashes no one: the hub committee does)."""
+    art = load_artifact(ARTIFACT)
+    factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
+    try:
+        receipt = send(w3, account, factory.constructor(hub.address, per_duty, weight_delay))
+    except Exception as exc:  # translated below
+        raise translate_module_error(exc, ARTIFACT) from exc
+    return ExpertDutyClient(w3, str(receipt["contractAddress"]))
+
+
+__all__ = ["PER_DUTY", "WEIGHT_DELAY", "DutyResult", "ExpertDutyClient", "ExpertVote", "MoeOpening", "Opened",
+           "compute_expert_digest", "compute_expert_typed_data", "decode_module_revert", "deploy_expert_duty",
+           "sign_expert_vote"]

@@ -4,27 +4,29 @@ pragma solidity 0.8.28;
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {Verinfer} from "./Verinfer.sol";
-import {ModelRegistry} from "./ModelRegistry.sol";
 
-/// @title Expert duties of a checked MoE inference (docs/moe.md): validators declare the experts they hold, each
-///        duty an inference used is drawn, stake-weighted, among its holders, and only they judge it.
+/// @title Expert duties of a checked MoE inference (docs/moe.md): every duty an inference used is judged by its own
+///        committee, drawn stake-weighted from every validator whose stake was settled before the commit.
 /// @notice The operator binds its MoE commitment into the hub's: the fingerprint hash it commits is
 ///         keccak256(fingerprintHash ‖ moeRoot), moeRoot = keccak256(routerRoot ‖ expertsRoot) over one summary
 ///         leaf per expert (node/protocol/moe.py). Anyone opens it here (`assignDuties`) with the per-expert
 ///         counts and roots; the duties are every expert with a leaf, every layer's router and the link. Each
-///         gets `perDuty` distinct validators drawn from those holding it, a majority of whom settles it; a failed
-///         duty of a punitive model slashes and jails the operator on the hub (`slashForModule`), once per
-///         inference. Draws are lazy: the open verifies the opening, fixes the randomness and stores which
-///         duties are drawable (used and held by enough validators, one bit each); a duty's draw is a view
-///         (`assignedTo`) and is stored by its first counted verdict, so the open costs O(experts) hashing and
-///         one storage word per 256 duties, never a storage write per duty.
-/// @dev Everything a draw reads is fixed at the commit: the hub's weights at the end of block commitBlock - 1,
-///      holdings declared at or before that block, randomness from the hub's selection seed (the block after the
-///      commit). Draw j of duty (L, e): keccak256(randomness ‖ uint16 L ‖ uint16 e ‖ uint32 j) mod the remaining
-///      stake over the eligible holders in ascending address order, without replacement
-///      (node.protocol.moe.compute_expert_assignment, pinned by a golden vector). A duty with fewer eligible
-///      holders than `perDuty` is left uncovered (event), never judged by fewer: the rest of the inference is
-///      still checked, so a cheater cannot hide one expert behind another nobody holds.
+///         gets `perDuty` distinct validators drawn from ALL validators with settled weight at the commit (no one
+///         chooses the duties it judges: declared holdings are an operational hint and narrow nothing), and a
+///         majority of them settles it. The module slashes no one: a settled duty is evidence for the hub
+///         committee, whose members re-judge a failed duty themselves and vote at the hub, where a quorum of the
+///         committee settles the inference and the hub's own rule slashes (never one judge, never one duty's
+///         judges alone). Draws are lazy: the open verifies the opening, fixes the randomness and stores which
+///         duties are used (one bit each); a duty's draw is a view (`assignedTo`) and is stored by its first
+///         counted verdict, so the open costs O(experts) hashing and one storage word per 256 duties.
+/// @dev Everything a draw reads is fixed at the commit: settled weights at b = commitBlock - 1, i.e.
+///      min(hub.weightAt(v, b - weightDelay), hub.weightAt(v, b)) (0 for b < weightDelay): stake bonded or added
+///      within `weightDelay` blocks of the commit counts for nothing; randomness from the hub's selection seed (the
+///      block after the commit). Draw j of duty (L, e): keccak256(randomness ‖ uint16 L ‖ uint16 e ‖ uint32 j) mod
+///      the remaining settled weight over the eligible validators in ascending address order, without replacement
+///      (node.protocol.moe.compute_expert_assignment, pinned by a golden vector). Fewer than `perDuty` eligible
+///      validators: every duty would be uncovered, so the open reverts (`Uncoverable`) and the inference carries
+///      no duty verdict at all, never a smaller committee.
 contract ExpertDuty is EIP712 {
     uint16 public constant ROUTER = 0xFFFF; // a layer's router duty
     uint16 public constant SHARED = 0xFFFE; // the link duty (layer 0): shared layers, routers, head
@@ -54,8 +56,7 @@ contract ExpertDuty is EIP712 {
         bytes32 modelId;
         uint32 commitBlock;
         uint16 duties;
-        uint16 uncovered;
-        bool slashed;
+        uint16 failed; // duties settled failed: evidence for the hub committee, which re-judges them
     }
 
     struct Duty {
@@ -74,38 +75,33 @@ contract ExpertDuty is EIP712 {
     }
 
     /// @dev One validator eligible at the commit, as the draw sees it.
-    struct Holder {
+    struct Judge {
         address who;
-        uint256 weight;
+        uint256 weight; // settled weight
         uint256 slot;
-        uint256[] bits;
     }
 
     Verinfer public immutable hub;
     uint256 public immutable perDuty;
+    /// @notice Blocks a validator's stake must have stood before the commit to count in a draw (>= 1).
+    uint256 public immutable weightDelay;
 
     mapping(bytes32 => Shape) public shapes;
-    /// @notice model → validator → number of holding declarations made
-    mapping(bytes32 => mapping(address => uint256)) public declarations;
-    mapping(bytes32 => mapping(address => mapping(uint256 => uint256))) internal declaredAt; // → version → block
-    mapping(bytes32 => mapping(address => mapping(uint256 => uint256[]))) internal holdingBits; // → version → bits
     mapping(uint256 => Opened) public opened;
     mapping(uint256 => mapping(uint32 => Duty)) public duties;
-    /// @dev inference → drawable duties, one bit per holdings bit (`dutyBit`): used and held by >= perDuty
+    /// @dev inference → used duties, one bit per duty bit (`dutyBit`)
     mapping(uint256 => uint256[]) internal drawable;
     /// @dev inference → the draws' randomness, fixed at the open (the hub's seed is readable 256 blocks only)
     mapping(uint256 => bytes32) internal randomnessOf;
 
     event ModelShapeSet(bytes32 indexed modelId, uint256 layers, uint256 experts);
-    event HoldingsDeclared(bytes32 indexed modelId, address indexed validator, uint256 version, uint32[] keys);
-    event DutiesAssigned(uint256 indexed inferenceId, bytes32 moeRoot, uint256 duties, uint256 uncovered);
-    event DutyUncovered(uint256 indexed inferenceId, uint32 indexed duty, uint256 holders);
+    event HoldingsDeclared(bytes32 indexed modelId, address indexed validator, bool wholeModel, uint32[] keys);
+    event DutiesAssigned(uint256 indexed inferenceId, bytes32 moeRoot, uint256 duties, uint256 eligible);
     event ExpertVerdictRecorded(
         uint256 indexed inferenceId, uint32 indexed duty, address indexed validator, bool valid, uint16 reason
     );
     event ExpertVoteSkipped(uint256 indexed inferenceId, uint32 indexed duty, address indexed validator);
     event DutySettled(uint256 indexed inferenceId, uint32 indexed duty, bool valid, uint16 reason);
-    event OperatorSlashed(uint256 indexed inferenceId, address indexed operator, uint32 duty, uint256 amount);
 
     error BadParams();
     error NotGovernor(address who);
@@ -116,21 +112,23 @@ contract ExpertDuty is EIP712 {
     error CommitmentMismatch();
     error NotChecked(uint256 inferenceId);
     error AlreadyAssigned(uint256 inferenceId);
+    error Uncoverable(uint256 inferenceId, uint256 eligible);
     error NotAssigned(uint256 inferenceId);
     error CheckWindowOver(uint256 endedAt);
     error DutyNotAssigned(uint256 inferenceId, uint32 duty);
     error NotAssignedTo(uint32 duty, address signer);
 
-    constructor(Verinfer hub_, uint256 perDuty_) EIP712("verinfer-experts", "1") {
-        // never one judge (DESIGN.md §5); a duty is settled by a majority of its assigned holders
-        if (address(hub_) == address(0) || perDuty_ < 2 || perDuty_ > 16) revert BadParams();
+    constructor(Verinfer hub_, uint256 perDuty_, uint256 weightDelay_) EIP712("verinfer-experts", "1") {
+        // never one judge (DESIGN.md §5): a duty settles by a majority (perDuty / 2 + 1 >= 2) of its drawn judges
+        if (address(hub_) == address(0) || perDuty_ < 2 || perDuty_ > 16 || weightDelay_ == 0) revert BadParams();
         hub = hub_;
         perDuty = perDuty_;
+        weightDelay = weightDelay_;
     }
 
     // ---- models and holdings --------------------------------------------------------------------
 
-    /// @notice Set an MoE model's shape (the hub's governors; once: holdings are bitmaps over it).
+    /// @notice Set an MoE model's shape (the hub's governors; once: duty bitmaps are over it).
     function setShape(bytes32 modelId, uint16 layers, uint16 experts) external {
         if (!hub.hasRole(hub.GOVERNOR_ROLE(), msg.sender)) revert NotGovernor(msg.sender);
         if (shapes[modelId].layers != 0) revert ShapeExists(modelId);
@@ -144,7 +142,7 @@ contract ExpertDuty is EIP712 {
         return (uint32(layer) << 16) | expert;
     }
 
-    /// @notice A duty's bit in a holdings bitmap: experts layer-major, then one router per layer, then the link.
+    /// @notice A duty's bit in a duty bitmap: experts layer-major, then one router per layer, then the link.
     function dutyBit(bytes32 modelId, uint32 duty) public view returns (uint256) {
         Shape memory s = _shape(modelId);
         uint256 layer = duty >> 16;
@@ -156,38 +154,29 @@ contract ExpertDuty is EIP712 {
         return layer * s.experts + expert;
     }
 
-    /// @notice Declare the duties the sender holds the weights for (replaces its earlier declaration; it counts for
-    ///         inferences committed after this block). `wholeModel` holds every duty.
+    /// @notice Announce the duties the sender keeps loaded (an operational hint for peers, stored nowhere): draws
+    ///         never read it, so declaring or not declaring an expert changes who judges it in no way.
     function declareHoldings(bytes32 modelId, bool wholeModel, uint32[] calldata keys) external {
-        Shape memory s = _shape(modelId);
-        uint256 nbits = uint256(s.layers) * (uint256(s.experts) + 1) + 1;
-        uint256[] memory bits = new uint256[]((nbits + 255) / 256);
-        if (wholeModel) {
-            for (uint256 b; b < nbits; ++b) {
-                bits[b >> 8] |= 1 << (b & 0xFF);
-            }
-        }
+        _shape(modelId);
         for (uint256 k; k < keys.length; ++k) {
-            uint256 b = dutyBit(modelId, keys[k]);
-            bits[b >> 8] |= 1 << (b & 0xFF);
+            dutyBit(modelId, keys[k]); // canonical keys only
         }
-        uint256 version = ++declarations[modelId][msg.sender];
-        declaredAt[modelId][msg.sender][version] = block.number;
-        holdingBits[modelId][msg.sender][version] = bits;
-        emit HoldingsDeclared(modelId, msg.sender, version, keys);
+        emit HoldingsDeclared(modelId, msg.sender, wholeModel, keys);
     }
 
-    /// @notice Whether `who` held `duty` of `modelId` for an inference committed at `commitBlock`.
-    function holdsAt(bytes32 modelId, address who, uint32 duty, uint256 commitBlock) external view returns (bool) {
-        uint256 b = dutyBit(modelId, duty);
-        uint256[] memory bits = _holdingsAt(modelId, who, commitBlock);
-        return bits.length != 0 && bits[b >> 8] & (1 << (b & 0xFF)) != 0;
+    /// @notice `who`'s weight at the end of block `blockNumber` as far as it already stood `weightDelay` blocks
+    ///         before: min(weightAt(b - weightDelay), weightAt(b)); 0 for b < weightDelay.
+    function settledWeightAt(address who, uint256 blockNumber) public view returns (uint256) {
+        if (blockNumber < weightDelay) return 0;
+        uint256 earlier = hub.weightAt(who, blockNumber - weightDelay);
+        uint256 current = hub.weightAt(who, blockNumber);
+        return earlier < current ? earlier : current;
     }
 
     // ---- assignment -----------------------------------------------------------------------------
 
-    /// @notice Open a checked inference's MoE commitment and draw every duty it needs (anyone may, once, in the
-    ///         check window).
+    /// @notice Open a checked inference's MoE commitment and fix the draws of every duty it needs (anyone may, once,
+    ///         in the check window; fewer than `perDuty` eligible validators: `Uncoverable`).
     function assignDuties(uint256 id, MoeOpening calldata o) external {
         if (opened[id].commitBlock != 0) revert AlreadyAssigned(id);
         Verinfer.Inference memory inf = hub.getInference(id);
@@ -204,37 +193,25 @@ contract ExpertDuty is EIP712 {
         // slither-disable-next-line unused-return
         (bool checked,) = hub.selectionOf(id);
         if (!checked) revert NotChecked(id);
-        bytes32 randomness = keccak256(abi.encodePacked(hub.selectionSeed(id), "experts"));
-        Holder[] memory holders = _holdersAt(inf.modelId, uint256(inf.commitBlock) - 1);
+        uint256 eligible = _judgesAt(uint256(inf.commitBlock) - 1).length;
+        if (eligible < perDuty) revert Uncoverable(id, eligible);
         uint256 nbits = nexperts + s.layers + 1;
         uint256[] memory bits = new uint256[]((nbits + 255) / 256);
         uint256 total = 0;
-        uint256 uncovered = 0;
         for (uint256 k; k < nbits; ++k) {
             if (k < nexperts && o.counts[k] == 0) continue; // never routed: nothing to judge
             ++total;
-            uint256 eligible = _eligible(holders, k);
-            if (eligible < perDuty) {
-                ++uncovered;
-                emit DutyUncovered(id, _dutyOfBit(s, k), eligible);
-            } else {
-                bits[k >> 8] |= 1 << (k & 0xFF);
-            }
+            bits[k >> 8] |= 1 << (k & 0xFF);
         }
         drawable[id] = bits;
-        randomnessOf[id] = randomness;
+        randomnessOf[id] = keccak256(abi.encodePacked(hub.selectionSeed(id), "experts"));
         opened[id] = Opened({
-            moeRoot: moeRoot,
-            modelId: inf.modelId,
-            commitBlock: inf.commitBlock,
-            duties: uint16(total),
-            uncovered: uint16(uncovered),
-            slashed: false
+            moeRoot: moeRoot, modelId: inf.modelId, commitBlock: inf.commitBlock, duties: uint16(total), failed: 0
         });
-        emit DutiesAssigned(id, moeRoot, total, uncovered);
+        emit DutiesAssigned(id, moeRoot, total, eligible);
     }
 
-    /// @notice The drawable duties of an opened inference (used and covered), in holdings-bit order.
+    /// @notice The duties of an opened inference (every used one is drawn), in duty-bit order.
     function drawableDuties(uint256 id) external view returns (uint32[] memory out) {
         Opened storage op = opened[id];
         if (op.commitBlock == 0) return out;
@@ -278,54 +255,38 @@ contract ExpertDuty is EIP712 {
         return layer[0];
     }
 
-    /// @dev How many holders hold bit `bit`.
-    function _eligible(Holder[] memory holders, uint256 bit) private pure returns (uint256 n) {
-        for (uint256 i; i < holders.length; ++i) {
-            uint256[] memory bits = holders[i].bits;
-            if (bits.length != 0 && bits[bit >> 8] & (1 << (bit & 0xFF)) != 0) ++n;
-        }
-    }
-
-    /// @dev The duty key of holdings bit `k` (the inverse of `dutyBit`).
+    /// @dev The duty key of duty bit `k` (the inverse of `dutyBit`).
     function _dutyOfBit(Shape memory s, uint256 k) private pure returns (uint32) {
         uint256 nexperts = uint256(s.layers) * s.experts;
         if (k < nexperts) return dutyKey(uint16(k / s.experts), uint16(k % s.experts));
         return k < nexperts + s.layers ? dutyKey(uint16(k - nexperts), ROUTER) : dutyKey(0, SHARED);
     }
 
-    /// @dev The slot bitmap of the `perDuty` holders drawn for one drawable duty (bit `bit` of the holdings).
-    function _draw(uint32 duty, uint256 bit, bytes32 randomness, Holder[] memory holders)
-        private
-        view
-        returns (uint64 assigned)
-    {
-        uint256 n = holders.length;
-        bool[] memory pool = new bool[](n);
+    /// @dev The slot bitmap of the `perDuty` judges drawn for one duty from every eligible validator.
+    function _draw(uint32 duty, bytes32 randomness, Judge[] memory judges) private view returns (uint64 assigned) {
+        uint256 n = judges.length;
+        bool[] memory taken = new bool[](n);
         uint256 remaining = 0;
         for (uint256 i; i < n; ++i) {
-            uint256[] memory bits = holders[i].bits;
-            if (bits.length != 0 && bits[bit >> 8] & (1 << (bit & 0xFF)) != 0) {
-                pool[i] = true;
-                remaining += holders[i].weight;
-            }
+            remaining += judges[i].weight;
         }
         for (uint256 j; j < perDuty; ++j) {
             // randomness from the block after the commit, as the hub's committee (documented on the hub)
             // slither-disable-next-line weak-prng
             uint256 u = uint256(keccak256(abi.encodePacked(randomness, uint32(duty), uint32(j)))) % remaining;
             uint256 i;
-            while (!pool[i] || u >= holders[i].weight) {
-                if (pool[i]) u -= holders[i].weight;
+            while (taken[i] || u >= judges[i].weight) {
+                if (!taken[i]) u -= judges[i].weight;
                 ++i;
             }
-            pool[i] = false;
-            remaining -= holders[i].weight;
-            assigned |= uint64(1) << uint64(holders[i].slot);
+            taken[i] = true;
+            remaining -= judges[i].weight;
+            assigned |= uint64(1) << uint64(judges[i].slot);
         }
     }
 
-    /// @dev A duty's assigned slots: stored by its first counted verdict, else drawn now (0: not drawable).
-    function _assigned(uint256 id, Opened storage op, uint32 duty, Holder[] memory holders)
+    /// @dev A duty's assigned slots: stored by its first counted verdict, else drawn now (0: not a used duty).
+    function _assigned(uint256 id, Opened storage op, uint32 duty, Judge[] memory judges)
         private
         view
         returns (uint64)
@@ -335,45 +296,29 @@ contract ExpertDuty is EIP712 {
         uint256 bit = dutyBit(op.modelId, duty);
         uint256[] storage bits = drawable[id];
         if (bits.length == 0 || bits[bit >> 8] & (1 << (bit & 0xFF)) == 0) return 0;
-        return _draw(duty, bit, randomnessOf[id], holders);
+        return _draw(duty, randomnessOf[id], judges);
     }
 
-    /// @dev The validators with weight at the end of `atBlock` and their holdings then, in ascending address order.
-    function _holdersAt(bytes32 modelId, uint256 atBlock) private view returns (Holder[] memory out) {
+    /// @dev The validators with settled weight at the end of `atBlock`, in ascending address order.
+    function _judgesAt(uint256 atBlock) private view returns (Judge[] memory out) {
         uint256 n = hub.validatorCount();
-        Holder[] memory all = new Holder[](n);
+        Judge[] memory all = new Judge[](n);
         uint256 m = 0;
         for (uint256 i; i < n; ++i) {
             address who = hub.validators(i);
-            uint256 w = hub.weightAt(who, atBlock);
+            uint256 w = settledWeightAt(who, atBlock);
             if (w == 0) continue;
-            Holder memory h = Holder(who, w, i, _holdingsAt(modelId, who, atBlock + 1));
             uint256 at = m++;
             while (at > 0 && all[at - 1].who > who) {
                 all[at] = all[at - 1];
                 --at;
             }
-            all[at] = h;
+            all[at] = Judge(who, w, i);
         }
-        out = new Holder[](m);
+        out = new Judge[](m);
         for (uint256 i; i < m; ++i) {
             out[i] = all[i];
         }
-    }
-
-    /// @dev `who`'s holdings for an inference committed at `commitBlock`: its last declaration before that block
-    ///      (a binary search over its versions, whose blocks never decrease: declaring often after a commit cannot
-    ///      make that inference's draw expensive).
-    function _holdingsAt(bytes32 modelId, address who, uint256 commitBlock) private view returns (uint256[] memory) {
-        mapping(uint256 => uint256) storage at = declaredAt[modelId][who];
-        uint256 lo = 0; // versions <= lo were declared before commitBlock (version 0: none)
-        uint256 hi = declarations[modelId][who]; // versions > hi were not
-        while (lo < hi) {
-            uint256 mid = (lo + hi + 1) / 2;
-            if (at[mid] < commitBlock) lo = mid;
-            else hi = mid - 1;
-        }
-        return lo == 0 ? new uint256[](0) : holdingBits[modelId][who][lo];
     }
 
     // ---- verdicts -------------------------------------------------------------------------------
@@ -390,13 +335,13 @@ contract ExpertDuty is EIP712 {
     }
 
     /// @notice Count assigned validators' signed verdicts (anyone may relay; counted ones and votes on settled duties
-    ///         are skipped). A majority of a duty's assigned validators settles it; a failed duty of a punitive
-    ///         model slashes and jails the operator on the hub, once per inference.
+    ///         are skipped). A majority of a duty's assigned validators settles it; nobody is slashed here: a failed
+    ///         duty is evidence the hub committee re-judges before its quorum verdict at the hub.
     function submitExpertVerdicts(uint256 id, ExpertVote[] calldata votes) external {
         Opened storage op = opened[id];
         if (op.commitBlock == 0) revert NotAssigned(id);
         _requireWindow(op.commitBlock);
-        _storeDraws(id, op, votes); // every draw this call needs, stored before any vote can slash
+        _storeDraws(id, op, votes); // every draw this call needs, read once from the stake at the commit
         for (uint256 v; v < votes.length; ++v) {
             ExpertVote calldata vote = votes[v];
             Duty storage d = duties[id][vote.duty];
@@ -415,21 +360,22 @@ contract ExpertDuty is EIP712 {
 
     /// @dev Store the draw of every voted duty not drawn yet (the stake snapshot at the commit read once).
     function _storeDraws(uint256 id, Opened storage op, ExpertVote[] calldata votes) private {
-        Holder[] memory holders = new Holder[](0);
+        Judge[] memory judges = new Judge[](0);
         bool loaded = false;
         for (uint256 v; v < votes.length; ++v) {
             Duty storage d = duties[id][votes[v].duty];
             if (d.assigned != 0) continue;
             if (!loaded) {
-                holders = _holdersAt(op.modelId, uint256(op.commitBlock) - 1);
+                judges = _judgesAt(uint256(op.commitBlock) - 1);
                 loaded = true;
             }
-            uint64 drawn = _assigned(id, op, votes[v].duty, holders);
+            uint64 drawn = _assigned(id, op, votes[v].duty, judges);
             if (drawn == 0) revert DutyNotAssigned(id, votes[v].duty);
             d.assigned = drawn; // the draw, stored once: later votes and views read it
         }
     }
 
+    /// @dev Count one assigned judge's vote; a majority of the duty's distinct judges settles it.
     function _count(uint256 id, Opened storage op, Duty storage d, ExpertVote calldata vote, uint64 bit) private {
         uint256 quorum = perDuty / 2 + 1;
         if (vote.valid) {
@@ -440,13 +386,8 @@ contract ExpertDuty is EIP712 {
             if (_popcount(d.invalidVotes) >= quorum) d.result = 2;
         }
         if (d.result == 0) return;
+        if (d.result == 2) ++op.failed;
         emit DutySettled(id, vote.duty, d.result == 1, vote.reason);
-        if (d.result == 2 && !op.slashed && _isPunitive(op.modelId)) {
-            op.slashed = true;
-            address operator = hub.getInference(id).operator;
-            uint256 amount = hub.slashForModule(operator, bytes32(id));
-            emit OperatorSlashed(id, operator, vote.duty, amount);
-        }
     }
 
     /// @dev The signer's slot bit among a duty's assigned validators; reverts if it is not one of them.
@@ -462,18 +403,18 @@ contract ExpertDuty is EIP712 {
         Opened storage op = opened[id];
         if (op.commitBlock == 0) return out;
         Shape memory s = _shape(op.modelId);
-        Holder[] memory holders = _holdersAt(op.modelId, uint256(op.commitBlock) - 1);
+        Judge[] memory judges = _judgesAt(uint256(op.commitBlock) - 1);
         uint256 slot = type(uint256).max;
-        for (uint256 i; i < holders.length; ++i) {
-            if (holders[i].who == who) slot = holders[i].slot;
+        for (uint256 i; i < judges.length; ++i) {
+            if (judges[i].who == who) slot = judges[i].slot;
         }
-        if (slot == type(uint256).max) return out; // no weight at the commit: drawn for nothing
+        if (slot == type(uint256).max) return out; // no settled weight at the commit: drawn for nothing
         uint256 nbits = uint256(s.layers) * (uint256(s.experts) + 1) + 1;
         uint32[] memory all = new uint32[](nbits);
         uint256 n = 0;
         for (uint256 k; k < nbits; ++k) {
             uint32 duty = _dutyOfBit(s, k);
-            if ((_assigned(id, op, duty, holders) >> slot) & 1 != 0) all[n++] = duty;
+            if ((_assigned(id, op, duty, judges) >> slot) & 1 != 0) all[n++] = duty;
         }
         out = new uint32[](n);
         for (uint256 i; i < n; ++i) {
@@ -486,19 +427,12 @@ contract ExpertDuty is EIP712 {
         Opened storage op = opened[id];
         if (op.commitBlock == 0) return out;
         uint64 assigned = duties[id][duty].assigned;
-        if (assigned == 0) assigned = _assigned(id, op, duty, _holdersAt(op.modelId, uint256(op.commitBlock) - 1));
+        if (assigned == 0) assigned = _assigned(id, op, duty, _judgesAt(uint256(op.commitBlock) - 1));
         out = new address[](_popcount(assigned));
         uint256 j = 0;
         for (uint256 i; assigned >> i != 0; ++i) {
             if ((assigned >> i) & 1 != 0) out[j++] = hub.validators(i);
         }
-    }
-
-    function _isPunitive(bytes32 modelId) private view returns (bool) {
-        // of the model's record only its rollout state matters here
-        // slither-disable-next-line unused-return
-        (,,,,, ModelRegistry.ModelState state,,) = hub.models(modelId);
-        return state == ModelRegistry.ModelState.Punitive;
     }
 
     function _requireWindow(uint256 commitBlock) private view {

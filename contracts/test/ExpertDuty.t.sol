@@ -3,37 +3,42 @@ pragma solidity 0.8.28;
 
 import {Fixture} from "./Fixture.sol";
 import {Verinfer} from "../src/Verinfer.sol";
-import {Protocol} from "../src/Protocol.sol";
+import {Staking} from "../src/Staking.sol";
 import {ExpertDuty} from "../src/ExpertDuty.sol";
-import {ModelRegistry} from "../src/ModelRegistry.sol";
 
-/// @dev Expert duties on a 2-layer, 2-expert MoE shape of the fixture's model; three validators (5 ether each),
-///      two drawn per duty. vals[0] holds the whole model, vals[1] layer 0's experts and every router, vals[2]
-///      layer 1's experts, every router and the link.
+/// @dev The state snapshots forge provides (Base's Vm interface does not list them).
+interface VmSnapshots {
+    function snapshotState() external returns (uint256);
+    function revertToState(uint256 snapshotId) external returns (bool);
+}
+
+/// @dev Expert duties on a 2-layer, 2-expert MoE shape of the fixture's model; five validators (the fixture's three
+///      and two more, 5 ether each), three drawn per duty from all of them, stake settled WEIGHT_DELAY blocks before
+///      the commit.
 contract ExpertDutyTest is Fixture {
     ExpertDuty internal ed;
+    VmSnapshots internal constant snaps = VmSnapshots(address(uint160(uint256(keccak256("hevm cheat code")))));
     uint16 internal constant LAYERS = 2;
     uint16 internal constant EXPERTS = 2;
+    uint256 internal constant PER_DUTY = 3;
+    uint256 internal constant WEIGHT_DELAY = 5;
     bytes32 internal constant ROUTER_ROOT = keccak256("router-root");
     bytes32 internal constant DENSE_FP = keccak256("fingerprints");
+    uint256[4] internal EXTRA_KEYS = [uint256(0xB0B4), 0xB0B5, 0x5B1, 0x5B2]; // two more validators, two sybils
+    uint32 internal constant RARE = (uint32(1) << 16) | 1; // expert (1, 1)
 
     function setUp() public override {
         super.setUp();
-        ed = new ExpertDuty(hub, 2);
-        hub.grantRole(hub.MODULE_ROLE(), address(ed));
+        ed = deployModule();
         ed.setShape(MODEL, LAYERS, EXPERTS);
-        uint32[] memory none = new uint32[](0);
-        vm.prank(vals[0]);
-        ed.declareHoldings(MODEL, true, none);
-        uint32[] memory first = new uint32[](4);
-        (first[0], first[1], first[2], first[3]) = (key(0, 0), key(0, 1), key(0, 0xFFFF), key(1, 0xFFFF));
-        vm.prank(vals[1]);
-        ed.declareHoldings(MODEL, false, first);
-        uint32[] memory two = new uint32[](5);
-        (two[0], two[1], two[2], two[3], two[4]) = (key(1, 0), key(1, 1), key(0, 0xFFFF), key(1, 0xFFFF), key(0, 0xFFFE));
-        vm.prank(vals[2]);
-        ed.declareHoldings(MODEL, false, two);
-        vm.roll(vm.getBlockNumber() + 1);
+        for (uint256 i; i < 2; ++i) {
+            bondAs(vm.addr(EXTRA_KEYS[i]), Staking.Role.Validator, 5 ether);
+        }
+        vm.roll(vm.getBlockNumber() + WEIGHT_DELAY + 1); // every stake settled
+    }
+
+    function deployModule() internal returns (ExpertDuty) {
+        return new ExpertDuty(hub, PER_DUTY, WEIGHT_DELAY);
     }
 
     function key(uint16 layer, uint16 expert) internal pure returns (uint32) {
@@ -52,6 +57,10 @@ contract ExpertDutyTest is Fixture {
         (o.expertRoots[0], o.expertRoots[2], o.expertRoots[3]) = (keccak256("e00"), keccak256("e10"), keccak256("e11"));
     }
 
+    function usedDuties() internal pure returns (uint32[6] memory) {
+        return [key(0, 0), key(1, 0), key(1, 1), key(0, 0xFFFF), key(1, 0xFFFF), key(0, 0xFFFE)];
+    }
+
     function moeRootOf(ExpertDuty.MoeOpening memory o) internal view returns (bytes32) {
         bytes32 experts = ed.computeExpertsRoot(ExpertDuty.Shape(LAYERS, EXPERTS), o.counts, o.expertRoots);
         return keccak256(abi.encodePacked(o.routerRoot, experts));
@@ -66,18 +75,42 @@ contract ExpertDutyTest is Fixture {
         vm.roll(vm.getBlockNumber() + 2);
     }
 
+    function opened(uint256 id) internal returns (uint256) {
+        ed.assignDuties(id, opening());
+        return id;
+    }
+
     function keyOf(address who) internal view returns (uint256) {
         for (uint256 i; i < 3; ++i) {
             if (vals[i] == who) return VAL_KEYS[i];
         }
+        for (uint256 i; i < EXTRA_KEYS.length; ++i) {
+            if (vm.addr(EXTRA_KEYS[i]) == who) return EXTRA_KEYS[i];
+        }
         revert("not a validator");
     }
 
-    function expertVote(uint256 signerKey, uint256 id, uint32 duty, bool valid) internal view returns (ExpertDuty.ExpertVote memory) {
-        (bytes32 moeRoot,,,,,) = ed.opened(id);
+    function moeRootStored(uint256 id) internal view returns (bytes32 moeRoot) {
+        (moeRoot,,,,) = ed.opened(id);
+    }
+
+    function failedDuties(uint256 id) internal view returns (uint256 failed) {
+        (,,,, failed) = ed.opened(id);
+    }
+
+    function resultOf(uint256 id, uint32 duty) internal view returns (uint8 result) {
+        (,,, result) = ed.duties(id, duty);
+    }
+
+    function expertVote(uint256 signerKey, uint256 id, uint32 duty, bool valid)
+        internal
+        view
+        returns (ExpertDuty.ExpertVote memory)
+    {
         uint16 reason = valid ? 0 : 903;
         bytes32 scores = keccak256(abi.encode("scores", signerKey, duty));
-        (uint8 v, bytes32 r, bytes32 s) = vm.sign(signerKey, ed.verdictDigest(id, duty, moeRoot, valid, reason, scores));
+        (uint8 v, bytes32 r, bytes32 s) =
+            vm.sign(signerKey, ed.verdictDigest(id, duty, moeRootStored(id), valid, reason, scores));
         return ExpertDuty.ExpertVote(duty, valid, reason, scores, abi.encodePacked(r, s, v));
     }
 
@@ -86,28 +119,30 @@ contract ExpertDutyTest is Fixture {
         out[0] = a;
     }
 
-    function test_theDrawCoversEveryUsedDutyWithItsHoldersOnly() public {
-        uint256 id = committedMoe(opening());
-        ed.assignDuties(id, opening());
-        (bytes32 moeRoot,, uint32 commitBlock, uint16 duties, uint16 uncovered, bool slashed) = ed.opened(id);
+    function isJudge(address[] memory judges, address who) internal pure returns (bool) {
+        for (uint256 j; j < judges.length; ++j) {
+            if (judges[j] == who) return true;
+        }
+        return false;
+    }
+
+    function test_everyUsedDutyGetsThreeDistinctJudgesFromAllValidators() public {
+        uint256 id = opened(committedMoe(opening()));
+        (bytes32 moeRoot,, uint32 commitBlock, uint16 duties, uint16 failed) = ed.opened(id);
         assertEq(moeRoot, moeRootOf(opening()), "moeRoot stored");
         assertEq(commitBlock, hub.getInference(id).commitBlock, "commit block");
         assertEq(duties, 6, "3 routed experts, 2 routers, the link");
-        assertEq(uncovered, 0, "every duty has two holders");
-        assertTrue(!slashed, "nothing slashed");
+        assertEq(failed, 0, "nothing failed");
         assertEq(ed.assignedTo(id, key(0, 1)).length, 0, "an expert never routed has no duty");
-        uint32[6] memory used = [key(0, 0), key(1, 0), key(1, 1), key(0, 0xFFFF), key(1, 0xFFFF), key(0, 0xFFFE)];
+        uint32[6] memory used = usedDuties();
         for (uint256 k; k < used.length; ++k) {
             address[] memory a = ed.assignedTo(id, used[k]);
-            assertEq(a.length, 2, "two per duty");
-            assertTrue(a[0] != a[1], "distinct");
-            for (uint256 j; j < 2; ++j) {
-                assertTrue(ed.holdsAt(MODEL, a[j], used[k], commitBlock), "drawn among its holders");
+            assertEq(a.length, PER_DUTY, "three per duty");
+            assertTrue(a[0] != a[1] && a[1] != a[2] && a[0] != a[2], "distinct");
+            for (uint256 j; j < a.length; ++j) {
+                assertTrue(ed.settledWeightAt(a[j], commitBlock - 1) > 0, "drawn among the settled validators");
             }
         }
-        // exactly two hold layer 0's expert 0 (vals 0 and 1) and the link (vals 0 and 2): both are drawn
-        address[] memory e00 = ed.assignedTo(id, key(0, 0));
-        assertTrue(e00[0] != vals[2] && e00[1] != vals[2], "vals[2] does not hold layer0.e0");
         ExpertDuty.MoeOpening memory o = opening();
         vm.expectRevert(abi.encodeWithSelector(ExpertDuty.AlreadyAssigned.selector, id));
         ed.assignDuties(id, o);
@@ -135,171 +170,264 @@ contract ExpertDutyTest is Fixture {
         ed.assignDuties(dense, o);
     }
 
-    function test_onlyAssignedValidatorsJudgeAndAFailedDutySlashesTheOperatorOnce() public {
-        uint256 id = committedMoe(opening());
-        ed.assignDuties(id, opening());
-        uint32 duty = key(1, 1); // held by vals 0 and 2 only
+    /// @dev Finding 4 of issue 30, performed: two 1-ETH sybils declare only a rare expert, which no one else declares,
+    ///      and vote every duty they can invalid. Before: they were its only judges and their two votes slashed the
+    ///      operator 10 → 5 ETH and jailed it. Now declarations narrow nothing (the rare duty's judges are drawn
+    ///      from every validator) and no duty verdict slashes: the operator keeps its stake.
+    function test_sybilsDeclaringARareExpertAreNotItsOnlyJudgesAndCannotSlash() public {
+        address[2] memory sybils = [vm.addr(EXTRA_KEYS[2]), vm.addr(EXTRA_KEYS[3])];
+        uint32[] memory rare = new uint32[](1);
+        rare[0] = RARE;
+        uint32[] memory others = new uint32[](3);
+        (others[0], others[1], others[2]) = (key(0, 0), key(1, 0), key(0, 0xFFFE));
+        for (uint256 i; i < 2; ++i) {
+            bondAs(sybils[i], Staking.Role.Validator, 1 ether);
+            vm.prank(sybils[i]);
+            ed.declareHoldings(MODEL, false, rare);
+        }
+        for (uint256 i; i < 3; ++i) { // the honest declare every used duty but the rare expert
+            vm.prank(vals[i]);
+            ed.declareHoldings(MODEL, false, others);
+        }
+        vm.roll(vm.getBlockNumber() + WEIGHT_DELAY + 1);
+        uint256 before = stakeOf(op);
+        uint256 honestJudges = 0;
+        for (uint256 n; n < 4; ++n) {
+            uint256 id = opened(committedMoe(opening()));
+            address[] memory judges = ed.assignedTo(id, RARE);
+            assertEq(judges.length, PER_DUTY, "the rare expert is judged by a full committee");
+            for (uint256 j; j < judges.length; ++j) {
+                if (judges[j] != sybils[0] && judges[j] != sybils[1]) ++honestJudges;
+            }
+            // the sybils vote invalid on every duty they were drawn for, the rare one included
+            for (uint256 i; i < 2; ++i) {
+                uint32[] memory theirs = ed.dutiesOf(id, sybils[i]);
+                for (uint256 k; k < theirs.length; ++k) {
+                    ed.submitExpertVerdicts(id, one(expertVote(EXTRA_KEYS[2 + i], id, theirs[k], false)));
+                }
+            }
+            vm.roll(vm.getBlockNumber() + 1);
+        }
+        assertGe(honestJudges, 4 * (PER_DUTY - 2), "at least one honest judge on the rare duty each time");
+        assertEq(stakeOf(op), before, "no duty verdict slashes");
+        assertTrue(!isJailed(op), "free");
+    }
+
+    function test_aSingleJudgeNeverSettlesADuty() public {
+        uint256 id = opened(committedMoe(opening()));
+        uint32[6] memory used = usedDuties();
+        for (uint256 k; k < used.length; ++k) {
+            address[] memory a = ed.assignedTo(id, used[k]);
+            ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[0]), id, used[k], false)));
+            ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[0]), id, used[k], false))); // a relayed repeat: skipped
+            assertEq(resultOf(id, used[k]), 0, "one judge of three decides nothing");
+        }
+        assertEq(failedDuties(id), 0, "no duty failed");
+    }
+
+    function test_aFailedDutyIsEvidenceForTheHubCommitteeAndSlashesNoOne() public {
+        uint256 id = opened(committedMoe(opening()));
+        uint32 duty = RARE;
         address[] memory a = ed.assignedTo(id, duty);
-        ExpertDuty.ExpertVote[] memory outsider = one(expertVote(VAL_KEYS[1], id, duty, false));
-        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.NotAssignedTo.selector, duty, vals[1]));
-        ed.submitExpertVerdicts(id, outsider);
-        ExpertDuty.ExpertVote[] memory unassigned = one(expertVote(VAL_KEYS[0], id, key(0, 1), false));
+        uint256 before = stakeOf(op);
+        ExpertDuty.ExpertVote[] memory two = new ExpertDuty.ExpertVote[](2);
+        (two[0], two[1]) = (expertVote(keyOf(a[0]), id, duty, false), expertVote(keyOf(a[1]), id, duty, false));
+        ed.submitExpertVerdicts(id, two);
+        assertEq(resultOf(id, duty), 2, "a majority of its three judges failed it");
+        assertEq(failedDuties(id), 1, "counted for the hub committee");
+        assertEq(stakeOf(op), before, "the module slashes no one");
+        assertTrue(!isJailed(op), "free");
+        ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[2]), id, duty, true))); // after settling: skipped
+        assertEq(resultOf(id, duty), 2, "settled once");
+        // a passed duty: a majority valid
+        uint32 other = key(1, 0xFFFF);
+        address[] memory b = ed.assignedTo(id, other);
+        (two[0], two[1]) = (expertVote(keyOf(b[0]), id, other, true), expertVote(keyOf(b[1]), id, other, true));
+        ed.submitExpertVerdicts(id, two);
+        assertEq(resultOf(id, other), 1, "passed");
+        // only the hub committee's quorum verdict settles the inference (and there the hub's rule slashes)
+        (, address[] memory committee) = hub.selectionOf(id);
+        uint256[2] memory keys = [keyOf(committee[0]), keyOf(committee[1])];
+        Verinfer.Commitment memory c = Verinfer.Commitment(
+            keccak256("output"), keccak256("artifact"), keccak256(abi.encodePacked(DENSE_FP, moeRootOf(opening())))
+        );
+        hub.submitVerdicts(id, c, votes1(vote(keys[0], id, c.artifactRoot, false)));
+        assertTrue(statusOf(id) == Verinfer.Status.Committed, "one committee member settles nothing");
+        hub.submitVerdicts(id, c, votes1(vote(keys[1], id, c.artifactRoot, false)));
+        assertTrue(statusOf(id) == Verinfer.Status.Invalid, "the committee's quorum settles it");
+    }
+
+    function test_onlyDrawnJudgesVoteAndOnlyOnUsedDuties() public {
+        uint256 id = opened(committedMoe(opening()));
+        uint32 duty = key(1, 1);
+        address[] memory a = ed.assignedTo(id, duty);
+        address outsider;
+        for (uint256 i; i < 3; ++i) {
+            if (!isJudge(a, vals[i])) outsider = vals[i];
+        }
+        if (outsider == address(0)) {
+            for (uint256 i; i < 2; ++i) {
+                if (!isJudge(a, vm.addr(EXTRA_KEYS[i]))) outsider = vm.addr(EXTRA_KEYS[i]);
+            }
+        }
+        ExpertDuty.ExpertVote[] memory notDrawn = one(expertVote(keyOf(outsider), id, duty, false));
+        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.NotAssignedTo.selector, duty, outsider));
+        ed.submitExpertVerdicts(id, notDrawn);
+        ExpertDuty.ExpertVote[] memory unrouted = one(expertVote(VAL_KEYS[0], id, key(0, 1), false));
         vm.expectRevert(abi.encodeWithSelector(ExpertDuty.DutyNotAssigned.selector, id, key(0, 1)));
-        ed.submitExpertVerdicts(id, unassigned);
+        ed.submitExpertVerdicts(id, unrouted);
         // an inference verdict of the hub's domain over the same fields is not an expert verdict
-        (bytes32 moeRoot,,,,,) = ed.opened(id);
-        (uint8 v, bytes32 r, bytes32 s) = vm.sign(VAL_KEYS[0], hub.verdictDigest(id, moeRoot, false, 903, bytes32(0), 0));
-        ExpertDuty.ExpertVote[] memory crossDomain = one(ExpertDuty.ExpertVote(duty, false, 903, bytes32(0), abi.encodePacked(r, s, v)));
+        (uint8 v, bytes32 r, bytes32 s) =
+            vm.sign(keyOf(a[0]), hub.verdictDigest(id, moeRootStored(id), false, 903, bytes32(0), 0));
+        ExpertDuty.ExpertVote[] memory crossDomain =
+            one(ExpertDuty.ExpertVote(duty, false, 903, bytes32(0), abi.encodePacked(r, s, v)));
         vm.expectRevert();
         ed.submitExpertVerdicts(id, crossDomain);
-
-        uint256 before = stakeOf(op);
-        uint256 treasuryBefore = hub.credits(TREASURY);
-        ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[0]), id, duty, false)));
-        (,,, uint8 open) = ed.duties(id, duty);
-        assertEq(open, 0, "one of two assigned is no verdict");
-        assertEq(stakeOf(op), before, "nothing slashed yet");
-        ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[0]), id, duty, false))); // a relayed repeat is skipped
-        ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[1]), id, duty, false)));
-        (,,, uint8 failed) = ed.duties(id, duty);
-        assertEq(failed, 2, "both assigned holders failed it");
-        assertEq(stakeOf(op), before / 2, "the hub's slashBps");
-        assertEq(hub.credits(TREASURY) - treasuryBefore, before / 2, "to the treasury");
-        assertEq(spoofP(op), Protocol.P_MAX, "reputation at its worst");
-        assertTrue(isJailed(op), "jailed");
-        (,,,,, bool slashed) = ed.opened(id);
-        assertTrue(slashed, "recorded");
-        // a second failed duty of the same inference settles but slashes no more
-        uint32 link = key(0, 0xFFFE);
-        address[] memory l = ed.assignedTo(id, link);
-        ExpertDuty.ExpertVote[] memory both = new ExpertDuty.ExpertVote[](2);
-        (both[0], both[1]) = (expertVote(keyOf(l[0]), id, link, false), expertVote(keyOf(l[1]), id, link, false));
-        ed.submitExpertVerdicts(id, both);
-        (,,, uint8 linkResult) = ed.duties(id, link);
-        assertEq(linkResult, 2, "failed");
-        assertEq(stakeOf(op), before / 2, "once per inference");
     }
 
     function test_drawsAreLazyFixedAtTheCommitAndStoredByTheFirstVerdict() public {
-        uint256 id = committedMoe(opening());
-        ed.assignDuties(id, opening());
+        uint256 id = opened(committedMoe(opening()));
         uint32[] memory drawable = ed.drawableDuties(id);
-        assertEq(drawable.length, 6, "the used and covered duties, in holdings-bit order");
+        assertEq(drawable.length, 6, "the used duties, in duty-bit order");
         assertEq(drawable[0], key(0, 0), "expert (0, 0) first; (0, 1) was never routed");
         assertEq(drawable[5], key(0, 0xFFFE), "the link last");
-        uint32 duty = key(1, 1); // held by vals 0 and 2 at the commit
+        uint32 duty = key(1, 1);
         address[] memory before = ed.assignedTo(id, duty);
         (uint64 stored,,,) = ed.duties(id, duty);
         assertEq(stored, 0, "nothing stored at the open");
-        // after the open vals[2] drops every holding: the draw still reads the holdings in force at the commit
+        // after the open: a big new validator bonds, an old one tops up and one declares holdings; nothing moves
+        bondAs(vm.addr(EXTRA_KEYS[2]), Staking.Role.Validator, 50 ether);
+        bondAs(vals[0], Staking.Role.Validator, 50 ether);
         uint32[] memory none = new uint32[](0);
         vm.prank(vals[2]);
-        ed.declareHoldings(MODEL, false, none);
-        vm.roll(vm.getBlockNumber() + 1);
+        ed.declareHoldings(MODEL, true, none);
+        vm.roll(vm.getBlockNumber() + WEIGHT_DELAY + 1);
         address[] memory later = ed.assignedTo(id, duty);
-        assertEq(later.length, 2, "still two");
-        assertEq(later[0], before[0], "the same draw");
-        assertEq(later[1], before[1], "the same draw");
+        for (uint256 j; j < PER_DUTY; ++j) {
+            assertEq(later[j], before[j], "the same draw");
+        }
         ed.submitExpertVerdicts(id, one(expertVote(keyOf(before[0]), id, duty, true)));
         (stored,,,) = ed.duties(id, duty);
         assertTrue(stored != 0, "the first counted verdict stores the draw");
-        for (uint256 v; v < 3; ++v) { // each validator's duties in one call: exactly the draws naming it
-            uint32[] memory mine = ed.dutiesOf(id, vals[v]);
+        address[5] memory everyone = [vals[0], vals[1], vals[2], vm.addr(EXTRA_KEYS[0]), vm.addr(EXTRA_KEYS[1])];
+        for (uint256 v; v < everyone.length; ++v) { // each validator's duties in one call: exactly its draws
+            uint32[] memory mine = ed.dutiesOf(id, everyone[v]);
             uint256 named = 0;
             for (uint256 k; k < drawable.length; ++k) {
-                address[] memory a = ed.assignedTo(id, drawable[k]);
-                if (a[0] == vals[v] || a[1] == vals[v]) {
+                if (isJudge(ed.assignedTo(id, drawable[k]), everyone[v])) {
                     assertEq(mine[named++], drawable[k], "in bit order");
                 }
             }
             assertEq(mine.length, named, "no other duty");
         }
+        assertEq(ed.dutiesOf(id, vm.addr(EXTRA_KEYS[2])).length, 0, "bonded after the commit: drawn for nothing");
         assertEq(ed.dutiesOf(id, address(0xBEEF)).length, 0, "not a validator at the commit");
-        address[] memory after_ = ed.assignedTo(id, duty);
-        assertEq(after_[0], before[0], "stored as drawn");
-        assertEq(after_[1], before[1], "stored as drawn");
-        ExpertDuty.ExpertVote[] memory unrouted = one(expertVote(VAL_KEYS[0], id, key(0, 1), true));
-        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.DutyNotAssigned.selector, id, key(0, 1)));
-        ed.submitExpertVerdicts(id, unrouted); // never routed: never drawable
     }
 
-    function test_aPassedDutyCostsNothingAndASplitOneStaysOpen() public {
-        uint256 id = committedMoe(opening());
-        ed.assignDuties(id, opening());
-        uint32 duty = key(0, 0xFFFF);
-        address[] memory a = ed.assignedTo(id, duty);
-        ExpertDuty.ExpertVote[] memory split = new ExpertDuty.ExpertVote[](2);
-        (split[0], split[1]) = (expertVote(keyOf(a[0]), id, duty, true), expertVote(keyOf(a[1]), id, duty, false));
-        uint256 before = stakeOf(op);
-        ed.submitExpertVerdicts(id, split);
-        (,,, uint8 result) = ed.duties(id, duty);
-        assertEq(result, 0, "1 of 2 each way: no majority");
-        uint32 other = key(1, 0xFFFF);
-        address[] memory b = ed.assignedTo(id, other);
-        ExpertDuty.ExpertVote[] memory pass = new ExpertDuty.ExpertVote[](2);
-        (pass[0], pass[1]) = (expertVote(keyOf(b[0]), id, other, true), expertVote(keyOf(b[1]), id, other, true));
-        ed.submitExpertVerdicts(id, pass);
-        (,,, uint8 passed) = ed.duties(id, other);
-        assertEq(passed, 1, "passed");
-        assertEq(stakeOf(op), before, "stake intact");
-        assertTrue(!isJailed(op), "free");
-    }
-
-    function test_holdingsDeclaredAfterTheCommitDoNotCountAndAnUnheldDutyStaysUncovered() public {
+    function test_stakeBondedWithinTheDelayIsNeverDrawn() public {
+        address whale = vm.addr(EXTRA_KEYS[2]);
         uint256 id = request();
+        bondAs(whale, Staking.Role.Validator, 1000 ether); // WEIGHT_DELAY - 1 blocks before the commit: not settled
+        vm.roll(vm.getBlockNumber() + WEIGHT_DELAY - 1);
         ExpertDuty.MoeOpening memory o = opening();
-        bytes32 fp = keccak256(abi.encodePacked(o.fingerprintHash, moeRootOf(o)));
+        bytes32 fp = keccak256(abi.encodePacked(o.fingerprintHash, moeRootOf(o))); // before the prank: a call
         vm.prank(op);
         hub.commitInference(id, o.outputHash, o.artifactRoot, fp);
-        // in the commit's block vals[1] claims layer 1's experts and vals[2] drops everything: neither counts here
-        uint32[] memory none = new uint32[](0);
-        uint32[] memory claim = new uint32[](5);
-        (claim[0], claim[1], claim[2], claim[3], claim[4]) = (key(0, 0), key(1, 0), key(1, 1), key(0, 0xFFFF), key(1, 0xFFFF));
-        vm.prank(vals[1]);
-        ed.declareHoldings(MODEL, false, claim);
-        vm.prank(vals[2]);
-        ed.declareHoldings(MODEL, false, none);
         vm.roll(vm.getBlockNumber() + 2);
-        uint32 commitBlock = hub.getInference(id).commitBlock;
-        assertTrue(!ed.holdsAt(MODEL, vals[1], key(1, 1), commitBlock), "a later claim does not count");
-        assertTrue(ed.holdsAt(MODEL, vals[2], key(1, 1), commitBlock), "a later drop does not either");
-        assertTrue(ed.holdsAt(MODEL, vals[1], key(1, 1), commitBlock + 1), "it counts for later commits");
-        ed.assignDuties(id, o);
-        (,,, uint16 duties, uint16 uncovered,) = ed.opened(id);
-        assertEq(duties, 6, "six duties");
-        assertEq(uncovered, 0, "all covered by the holdings at the commit");
-
-        // a later inference: every expert and router now held by vals 0 and 1, the link by vals 0 alone: uncovered
-        uint256 later = committedMoe(opening());
-        ed.assignDuties(later, opening());
-        (,,,, uint16 uncoveredLater,) = ed.opened(later);
-        assertEq(uncoveredLater, 1, "the link has one holder of the two needed");
-        assertEq(ed.assignedTo(later, key(0, 0xFFFE)).length, 0, "never a smaller committee");
-        assertEq(ed.assignedTo(later, key(1, 1)).length, 2, "the rest is still drawn");
+        uint256 commitBlock = hub.getInference(id).commitBlock;
+        assertTrue(hub.weightAt(whale, commitBlock - 1) > 0, "the hub counts it at the commit");
+        assertEq(ed.settledWeightAt(whale, commitBlock - 1), 0, "not settled");
+        opened(id);
+        assertEq(ed.dutiesOf(id, whale).length, 0, "99.7 % of the stake, drawn for nothing");
+        ExpertDuty.ExpertVote[] memory its = one(expertVote(EXTRA_KEYS[2], id, RARE, false));
+        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.NotAssignedTo.selector, RARE, whale));
+        ed.submitExpertVerdicts(id, its);
     }
 
-    function cycleKey(uint256 v) internal pure returns (uint32) {
-        return (uint32(v % 2) << 16) | uint32(v / 2 % 2); // (0,0) (1,0) (0,1) (1,1) (0,0) (1,0)
+    /// @dev Invariant of DESIGN §5: no draw depends on stake added after commit − weightDelay — a newcomer's bond or
+    ///      an old validator's top-up in the last `weightDelay` blocks leaves every draw as it was without it.
+    function testFuzz_noDrawDependsOnStakeAddedWithinTheDelay(uint96 amount, uint8 offset, uint8 who) public {
+        amount = uint96(bound(amount, 1 ether, 10_000 ether));
+        uint256 lead = bound(offset, 1, WEIGHT_DELAY); // bonded `lead` blocks before the commit's block
+        address[4] memory adders = [vm.addr(EXTRA_KEYS[2]), vals[0], vals[2], vm.addr(EXTRA_KEYS[1])];
+        address adder = adders[who % 4];
+        uint256 id = request();
+        uint256 commitAt = vm.getBlockNumber() + WEIGHT_DELAY + 1;
+        uint256 snapshot = snaps.snapshotState();
+        address[][6] memory want = drawsCommittedAt(id, commitAt, address(0), 0, 0);
+        snaps.revertToState(snapshot);
+        address[][6] memory got = drawsCommittedAt(id, commitAt, adder, amount, lead);
+        for (uint256 k; k < 6; ++k) {
+            for (uint256 j; j < PER_DUTY; ++j) {
+                assertEq(got[k][j], want[k][j], "the same judges");
+            }
+        }
     }
 
-    function test_holdingsAtFindsTheDeclarationInForceAtEachCommit() public {
-        uint32[] memory only = new uint32[](1);
-        uint256[] memory blocks = new uint256[](6);
-        for (uint256 v; v < 6; ++v) {
-            only[0] = cycleKey(v);
-            vm.prank(vals[1]);
-            ed.declareHoldings(MODEL, false, only);
-            blocks[v] = vm.getBlockNumber();
-            vm.roll(vm.getBlockNumber() + 1 + v);
+    /// @dev Commit `id` at block `commitAt` (`adder` bonding `amount` `lead` blocks before it), open it, read every draw.
+    function drawsCommittedAt(uint256 id, uint256 commitAt, address adder, uint256 amount, uint256 lead)
+        internal
+        returns (address[][6] memory draws)
+    {
+        if (adder != address(0)) {
+            vm.roll(commitAt - lead);
+            bondAs(adder, Staking.Role.Validator, amount);
         }
-        assertEq(ed.declarations(MODEL, vals[1]), 7, "setUp's and six more");
-        for (uint256 v; v < 6; ++v) {
-            assertTrue(ed.holdsAt(MODEL, vals[1], cycleKey(v), blocks[v] + 1), "in force from the next block");
-            if (v < 5) assertTrue(!ed.holdsAt(MODEL, vals[1], cycleKey(v + 1), blocks[v] + 1), "the next not yet");
+        vm.roll(commitAt);
+        ExpertDuty.MoeOpening memory o = opening();
+        bytes32 fp = keccak256(abi.encodePacked(o.fingerprintHash, moeRootOf(o))); // before the prank: a call
+        vm.prank(op);
+        hub.commitInference(id, o.outputHash, o.artifactRoot, fp);
+        vm.roll(commitAt + 2);
+        opened(id);
+        uint32[6] memory used = usedDuties();
+        for (uint256 k; k < 6; ++k) {
+            draws[k] = ed.assignedTo(id, used[k]);
         }
-        assertTrue(ed.holdsAt(MODEL, vals[1], key(0, 0xFFFF), blocks[0]), "setUp's declaration before the first");
-        assertTrue(!ed.holdsAt(MODEL, vals[1], key(0, 0xFFFF), blocks[0] + 1), "replaced after it");
-        assertTrue(!ed.holdsAt(MODEL, vals[0], key(0, 0), 1), "nothing declared that early");
+    }
+
+    /// @dev Invariant: no single judge settles a duty or moves the operator's stake, whatever it votes on whichever
+    ///      duties it was drawn for; and no number of duty judges slashes (only the hub committee's quorum can).
+    function testFuzz_noSingleJudgeSettlesAndNoDutyVerdictSlashes(uint8 who, uint8 mask, bool valid) public {
+        uint256 id = opened(committedMoe(opening()));
+        address[5] memory everyone = [vals[0], vals[1], vals[2], vm.addr(EXTRA_KEYS[0]), vm.addr(EXTRA_KEYS[1])];
+        address judge = everyone[who % 5];
+        uint32[] memory mine = ed.dutiesOf(id, judge);
+        uint256 before = stakeOf(op);
+        for (uint256 k; k < mine.length; ++k) {
+            if ((mask >> (k % 8)) & 1 == 0) continue;
+            ed.submitExpertVerdicts(id, one(expertVote(keyOf(judge), id, mine[k], valid)));
+            assertEq(resultOf(id, mine[k]), 0, "one judge settles nothing");
+        }
+        // every drawn judge of every duty votes invalid: duties fail, still nobody is slashed by the module
+        uint32[6] memory used = usedDuties();
+        for (uint256 k; k < used.length; ++k) {
+            address[] memory a = ed.assignedTo(id, used[k]);
+            for (uint256 j; j < a.length; ++j) {
+                ed.submitExpertVerdicts(id, one(expertVote(keyOf(a[j]), id, used[k], false)));
+            }
+        }
+        assertEq(stakeOf(op), before, "no duty verdict slashes");
+        assertTrue(!isJailed(op), "free");
+        assertTrue(statusOf(id) == Verinfer.Status.Committed, "the hub committee has not spoken");
+    }
+
+    function test_fewerEligibleThanPerDutyMakesTheOpenRevert() public {
+        uint256 id = committedMoe(opening());
+        // five settled validators: a module drawing six per duty cannot cover any duty
+        ExpertDuty six = new ExpertDuty(hub, 6, WEIGHT_DELAY);
+        six.setShape(MODEL, LAYERS, EXPERTS);
+        ExpertDuty.MoeOpening memory o = opening();
+        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.Uncoverable.selector, id, 5));
+        six.assignDuties(id, o);
+        // a delay longer than any validator has been bonded: nobody is settled
+        ExpertDuty late = new ExpertDuty(hub, PER_DUTY, 1000);
+        late.setShape(MODEL, LAYERS, EXPERTS);
+        vm.expectRevert(abi.encodeWithSelector(ExpertDuty.Uncoverable.selector, id, 0));
+        late.assignDuties(id, o);
+        assertEq(late.settledWeightAt(vals[0], 10), 0, "before the delay: nothing settled");
+        (,, uint32 commitBlock,,) = six.opened(id);
+        assertEq(commitBlock, 0, "not opened: the inference carries no duty verdict");
     }
 
     function test_windowsShapesAndParams() public {
@@ -314,7 +442,9 @@ contract ExpertDutyTest is Fixture {
         vm.expectRevert(abi.encodeWithSelector(ExpertDuty.ShapeExists.selector, MODEL));
         ed.setShape(MODEL, 2, 2);
         vm.expectRevert(ExpertDuty.BadParams.selector);
-        new ExpertDuty(hub, 1); // never one judge
+        new ExpertDuty(hub, 1, WEIGHT_DELAY); // never one judge
+        vm.expectRevert(ExpertDuty.BadParams.selector);
+        new ExpertDuty(hub, PER_DUTY, 0); // stake must be settled before the commit
         uint32[] memory bad = new uint32[](1);
         bad[0] = key(2, 0);
         vm.expectRevert(abi.encodeWithSelector(ExpertDuty.BadDuty.selector, key(2, 0)));
@@ -324,9 +454,8 @@ contract ExpertDutyTest is Fixture {
         assertEq(ed.dutyBit(MODEL, key(0, 0xFFFE)), 6, "then the link");
     }
 
-    function test_aVerdictAfterTheCheckWindowIsRefusedAndNonPunitiveModelsAreNotSlashed() public {
-        uint256 id = committedMoe(opening());
-        ed.assignDuties(id, opening());
+    function test_aVerdictAfterTheCheckWindowIsRefused() public {
+        uint256 id = opened(committedMoe(opening()));
         uint32 duty = key(1, 1);
         address[] memory a = ed.assignedTo(id, duty);
         ExpertDuty.ExpertVote[] memory late = one(expertVote(keyOf(a[0]), id, duty, false));
@@ -334,34 +463,5 @@ contract ExpertDutyTest is Fixture {
         vm.roll(endsAt + 1);
         vm.expectRevert(abi.encodeWithSelector(ExpertDuty.CheckWindowOver.selector, endsAt));
         ed.submitExpertVerdicts(id, late);
-
-        // a model still measuring: a failed duty is recorded, nobody is slashed
-        bytes32 m2 = keccak256("measuring-model");
-        hub.registerModel(m2, 5, 64, 1e16, 0, 1e18, keccak256("p2"), uint96(MIN_FEE), stops());
-        hub.setModelState(m2, ModelRegistry.ModelState.Measuring);
-        ed.setShape(m2, LAYERS, EXPERTS);
-        uint32[] memory none = new uint32[](0);
-        for (uint256 i; i < 3; ++i) {
-            vm.prank(vals[i]);
-            ed.declareHoldings(m2, true, none);
-        }
-        vm.roll(vm.getBlockNumber() + 1);
-        vm.prank(REQUESTER);
-        uint256 id2 = hub.requestInference{value: FEE + BOND}(op, m2, keccak256("prompt"), USER_SEED, params());
-        ExpertDuty.MoeOpening memory o = opening();
-        bytes32 fp = keccak256(abi.encodePacked(o.fingerprintHash, moeRootOf(o)));
-        vm.prank(op);
-        hub.commitInference(id2, o.outputHash, o.artifactRoot, fp);
-        vm.roll(vm.getBlockNumber() + 2);
-        ed.assignDuties(id2, o);
-        address[] memory b = ed.assignedTo(id2, duty);
-        ExpertDuty.ExpertVote[] memory both = new ExpertDuty.ExpertVote[](2);
-        (both[0], both[1]) = (expertVote(keyOf(b[0]), id2, duty, false), expertVote(keyOf(b[1]), id2, duty, false));
-        uint256 before = stakeOf(op);
-        ed.submitExpertVerdicts(id2, both);
-        (,,, uint8 result) = ed.duties(id2, duty);
-        assertEq(result, 2, "failed");
-        assertEq(stakeOf(op), before, "not punitive: nobody slashed");
-        assertTrue(!isJailed(op), "free");
     }
 }

@@ -1,15 +1,17 @@
 """`verinfer devnet --model <moe>`: an MoE network on one machine, judged expert by expert on chain.
 
-anvil, the hub and the ExpertDuty module (contracts/src/ExpertDuty.sol); validators that each hold expert
+anvil, the hub and the ExpertDuty module (contracts/src/ExpertDuty.sol); validators that each preload expert
 columns (expert e of every layer: with 4 experts and V validators, validator i holds columns i and i + 1 mod 4),
-every router, and — every other validator — the shared layers for the link duty; two operators running the real
-executer (node.executer with its MoE recorder), one honest and one that runs one expert quantised to int8. Per
-request the operator generates, records its MoE trace, binds moeRoot into the hub's fingerprint hash and
+every router, and — every other validator — the shared layers for the link duty (an operational choice only: the
+draw takes every validator, and a validator drawn for a duty it did not preload loads it); two operators running
+the real executer (node.executer with its MoE recorder), one honest and one that runs one expert quantised to
+int8. Per request the operator generates, records its MoE trace, binds moeRoot into the hub's fingerprint hash and
 commits; the hub committee's validators open the commitment on the module from the operator's opening, which
-fixes the lazy, stake-weighted draws of two holders per duty; each drawn validator checks its duties
-(node.moe.config.DutyValidator) and signs an expert verdict. A failed duty slashes and jails the operator
-through the hub. The hub committee's members then vote the inference valid only if every duty passed, which
-pays the honest operator.
+fixes the lazy draws of three judges per duty from all validators, weighted by stake settled before the commit;
+each drawn validator checks its duties (node.moe.config.DutyValidator) and signs an expert verdict; a majority
+settles a duty. The module slashes no one: the hub committee's members re-judge a failed duty themselves and vote
+the inference invalid (the hub's quorum then refunds the requester and, by the model's Bayes rule, slashes and
+jails the operator), or valid if every duty passed, which pays the honest operator.
 
 Each validator runs the daemon's MoE duty service (node.validator.moe.MoeDutyService: its own LevelDB store,
 slashing protection and journaled transactions: it opens, judges and votes) and fetches each duty's slice from
@@ -38,7 +40,7 @@ from rich.console import Console
 from chain.contracts import Commitment, Hub, HubConfig, ModelState, Params, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
-from chain.moe import DutyResult, ExpertDutyClient, deploy_expert_duty
+from chain.moe import PER_DUTY, WEIGHT_DELAY, DutyResult, ExpertDutyClient, deploy_expert_duty
 from chain.txmanager import TxManager
 from node.protocol.hashing import keccak256
 from node.protocol.moe import (
@@ -59,7 +61,7 @@ log = logging.getLogger(__name__)
 K = 5
 FEE = 10**16
 MIN_FEE = 10**15
-ALPHA = 10**16  # the hub's Bayes update only; the module slashes on a failed duty without it
+ALPHA = 10**12  # the model's false-positive rate: one invalid hub verdict moves P from 1 % past the 99 % threshold
 BETA = 10**16
 PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.",
            "Why is the sky blue? Answer in one sentence.", "Write a haiku about the sea.")
@@ -75,7 +77,7 @@ class MoeDevnetOptions(BaseModel):
     rounds: int = Field(2, ge=1, le=20)
     tokens: int = Field(16, ge=2, le=256)
     cheat_expert: str = "layer3.e1"
-    per_duty: int = Field(2, ge=2, le=4)
+    per_duty: int = Field(PER_DUTY, ge=2, le=4)
     threads: int = Field(1, ge=1)
     judge_timeout: float = Field(600.0, gt=0, description="seconds the validators' services get per inference")
     out: Path = Path("devnet-out")
@@ -89,7 +91,6 @@ class MoeInferenceRecord:
     operator: str
     tokens: int
     duties: int = 0
-    uncovered: int = 0
     checks: int = 0
     undecided: int = 0  # drawn duties whose assigned holders split
     failed: dict[str, int] = field(default_factory=dict)  # duty → reason of a duty the chain settled failed
@@ -256,8 +257,7 @@ class MoeDevnet:
                 executers = {op.account.address: op.url for op in operators}
                 for i, account in enumerate(val_keys):
                     hub.bond(account, Role.VALIDATOR, (3 + i) * 10**18)  # unequal stakes: the draw is weighted
-                    holds = compute_holdings(i, layers, experts)
-                    ed.declare_holdings(account, model_id, [compute_duty_key(k) for k in holds])
+                    holds = compute_holdings(i, layers, experts)  # what it preloads; its draws may ask for more
                     duties = MoeDutiesConfig(experts=tuple(str(k) for k in holds))
                     checker = DutyValidator(folder, duties, limits, cache)
                     own_w3 = anvil.web3()  # each validator its own RPC client, as separate daemons would have
@@ -270,10 +270,10 @@ class MoeDevnet:
                                          confirmations=0, poll_interval=0.1, model_id=model_id)
                     self.services.append(svc)
                     services.spawn(svc.run(services.stop))
-                anvil_mine(w3, 1)
+                anvil_mine(w3, WEIGHT_DELAY + 1)  # every validator's stake settled before the first commit
                 self.note(f"chain up: hub {hub.address}, ExpertDuty {ed.address}; {n} validators running the MoE "
                           f"duty service (the hub committee's members open each commitment), {self.options.per_duty} "
-                          "drawn per duty; operators run the executer API")
+                          "drawn per duty from all of them; operators run the executer API")
                 for r in range(self.options.rounds):
                     for op in operators:
                         if hub.staker(op.account.address).jailed:
@@ -304,19 +304,18 @@ class MoeDevnet:
         deadline = time.monotonic() + self.options.judge_timeout
         opened_at = self.wait_opened(w3, ed, iid, commit_block, deadline)
         opened = ed.opened(iid)
-        record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties, opened.uncovered)
+        record = MoeInferenceRecord(iid, op.name, len(served.output_ids), opened.duties)
         if opened_at is not None:
             record.assign_gas = opened_at[0]
             drawn = {parse_duty_key(d): addresses for d, addresses in ed.assignments(iid).items()}
         else:
             drawn = {}
             self.note(f"#{iid}: no validator opened the commitment in time")
-        expected = sum(len(a) for a in drawn.values())
-        while time.monotonic() < deadline and not services.failures():
-            signed = [d for svc in self.services for d in svc.done if d[0] == iid]
-            if len(signed) >= expected:
+        while opened_at is not None and time.monotonic() < deadline and not services.failures():
+            # a majority of a duty's judges settles it; a late third judge finds it settled and signs nothing
+            if len(ed.get_events("DutySettled", opened_at[1], argument_filters={"inferenceId": iid})) >= len(drawn):
                 break
-            time.sleep(0.2)  # each vote mines its own block on anvil; mining more would only run the window out
+            time.sleep(0.5)  # each vote mines its own block on anvil; mining more would only run the window out
         signed = [d for svc in self.services for d in svc.done if d[0] == iid]
         record.checks = len(signed)
         if opened_at is not None:
@@ -324,13 +323,13 @@ class MoeDevnet:
             record.verdict_gas = sum(int(w3.eth.get_transaction_receipt(h)["gasUsed"])
                                      for h in {e["transactionHash"] for e in counted})
         reasons = {duty: reason for _, duty, reason in signed if reason}  # the reason an invalid vote gave
-        record.slashed_wei = before - hub.staker(op.account.address).stake
         for key in drawn:
             result = ed.duty_result(iid, compute_duty_key(key))
             if result is DutyResult.FAILED:
                 record.failed[str(key)] = reasons.get(str(key), int(MoeReason.MOE_MALFORMED))
             record.undecided += result is DutyResult.OPEN
         self.wait_hub_settled(hub, iid, record, time.monotonic() + self.options.judge_timeout)
+        record.slashed_wei = before - hub.staker(op.account.address).stake  # by the hub committee's verdict
         record.seconds = round(time.monotonic() - started, 2)
         verdict = "valid" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
         slash = f"; slashed {record.slashed_wei / 1e18:g} ETH and jailed" if record.slashed_wei else ""
@@ -351,11 +350,11 @@ class MoeDevnet:
         return None
 
     def wait_hub_settled(self, hub: Hub, iid: int, record: MoeInferenceRecord, deadline: float) -> None:
-        """Wait for the hub committee's duty services to vote the inference (none votes while a duty is uncovered
-        or undecided: it then settles unchecked when the window ends); record the hub status."""
+        """Wait for the hub committee's duty services to vote the inference (none votes while a duty is undecided:
+        it then settles unchecked when the window ends); record the hub status."""
         from chain.contracts import Status
 
-        voting = record.failed or (record.uncovered == 0 and record.undecided == 0)
+        voting = record.duties > 0 and (record.failed or record.undecided == 0)
         while voting and time.monotonic() < deadline and hub.get_inference(iid).status is Status.COMMITTED:
             time.sleep(0.2)
         record.hub_status = hub.get_inference(iid).status.name.lower()
@@ -395,8 +394,8 @@ def run_moe_devnet(options: MoeDevnetOptions, console: Console) -> int:
     for p in problems:
         console.print(f"[red]✗ {p}[/red]")
     if not problems:
-        console.print("[green]✓ the int8-expert operator was slashed and jailed by its expert's holders; the honest "
-                      "operator is in good standing and paid[/green]")
+        console.print("[green]✓ the int8-expert operator was slashed and jailed by the hub committee's verdict on its "
+                      "failed expert; the honest operator is in good standing and paid[/green]")
     return 1 if problems else 0
 
 

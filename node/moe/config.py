@@ -71,8 +71,8 @@ class MoeDutiesConfig(BaseModel):
         return frozenset(ExpertKey.parse(n) for n in self.experts) if self.experts else None
 
     def holder(self, address: bytes, stake: int) -> Holder:
-        """Return this validator as an entry of the assignment's stake snapshot."""
-        return Holder(address, stake, self.keys())
+        """Return this validator as an entry of the assignment's stake snapshot (its duties narrow nothing)."""
+        return Holder(address, stake)
 
 
 class DutyValidator:
@@ -86,20 +86,25 @@ class DutyValidator:
             raise InvalidMoe("a duty validator needs at least one duty; a whole-model validator runs stage 2",
                              MoeReason.EXPERT_UNKNOWN)
         self.limits = limits
+        self.model_dir = model_dir
         self.experts: dict[ExpertKey, ExpertWeights] = {}
         self.routers: dict[int, torch.Tensor] = {}
         self.shared: Any = None
-        store: dict[ExpertKey, Any] = {} if cache is None else cache
+        self._store: dict[ExpertKey, Any] = {} if cache is None else cache
         for key in sorted(keys):
-            if key not in store:
-                store[key] = load_shared(model_dir) if key.expert == SHARED else \
-                    load_router(model_dir, key.layer) if key.expert == ROUTER else load_expert(model_dir, key)
-            if key.expert == SHARED:
-                self.shared = store[key]
-            elif key.expert == ROUTER:
-                self.routers[key.layer] = store[key]
-            else:
-                self.experts[key] = store[key]
+            self.load(key)
+
+    def load(self, key: ExpertKey) -> None:
+        """Load one duty's tensors from the model folder (a duty drawn for this validator that it did not preload)."""
+        if key not in self._store:
+            self._store[key] = load_shared(self.model_dir) if key.expert == SHARED else \
+                load_router(self.model_dir, key.layer) if key.expert == ROUTER else load_expert(self.model_dir, key)
+        if key.expert == SHARED:
+            self.shared = self._store[key]
+        elif key.expert == ROUTER:
+            self.routers[key.layer] = self._store[key]
+        else:
+            self.experts[key] = self._store[key]
 
     def weight_bytes(self) -> int:
         """Return the bytes of every tensor this validator holds."""

@@ -348,23 +348,14 @@ def compute_duty_randomness(selection_seed: bytes) -> bytes:
     return keccak256(selection_seed + b"experts")
 
 
-def compute_covered_assignment(randomness: bytes, duties: Iterable[ExpertKey], holders: Sequence[Holder],
-                               per_duty: int) -> tuple[dict[ExpertKey, tuple[bytes, ...]], list[ExpertKey]]:
-    """Return (the draw of every duty with enough holders, the duties left uncovered), as ExpertDuty.sol draws.
+def compute_settled_weight(weight_before: int, weight_now: int) -> int:
+    """Return a validator's draw weight at block b: min(weight at b − weightDelay, weight at b) (ExpertDuty.sol).
 
-    The chain never judges a duty with fewer than per_duty holders, and does not let one uncovered duty stop
-    the others from being checked; each duty's draw is compute_expert_assignment's for that duty alone.
+    Stake bonded or added within the delay before the commit counts for nothing; stake removed counts at once.
     """
-    assigned: dict[ExpertKey, tuple[bytes, ...]] = {}
-    uncovered: list[ExpertKey] = []
-    for key in sorted(set(duties)):
-        try:
-            assigned.update(compute_expert_assignment(randomness, [key], holders, per_duty))
-        except InvalidMoe as e:
-            if e.moe_reason is not MoeReason.ASSIGNMENT_UNCOVERED:
-                raise
-            uncovered.append(key)
-    return assigned, uncovered
+    if weight_before < 0 or weight_now < 0:
+        raise InvalidMoe("weights are non-negative", MoeReason.MOE_MALFORMED)
+    return min(weight_before, weight_now)
 
 
 def verify_expert_leaves(leaves: Sequence[ExpertLeaf], proof: ExpertProof, moe_root: bytes) -> bool:
@@ -412,15 +403,10 @@ def find_routing_gaps(commitment: MoeCommitment) -> list[tuple[ExpertKey, int]]:
 
 @dataclass(frozen=True)
 class Holder:
-    """A validator in the stake snapshot: address, stake, the experts it holds (None: the whole model)."""
+    """A validator in the draw's stake snapshot: address and settled weight (declared holdings narrow nothing)."""
 
     address: bytes
     stake: int
-    holds: frozenset[ExpertKey] | None
-
-    def is_holding(self, key: ExpertKey) -> bool:
-        """Check whether this validator holds the weights needed to judge key."""
-        return self.holds is None or key in self.holds
 
 
 def compute_used_experts(commitment: MoeCommitment) -> list[ExpertKey]:
@@ -433,23 +419,25 @@ def compute_used_experts(commitment: MoeCommitment) -> list[ExpertKey]:
 
 def compute_expert_assignment(randomness: bytes, duties: Iterable[ExpertKey], holders: Sequence[Holder],
                               per_duty: int) -> dict[ExpertKey, tuple[bytes, ...]]:
-    """Return, per duty, per_duty distinct holders drawn stake-weighted without replacement.
+    """Return, per duty, per_duty distinct validators drawn stake-weighted without replacement from all of them.
 
     Draw j of duty (L, e): u = uint256(keccak256(randomness ‖ uint16 L ‖ uint16 e ‖ uint32 j)) mod the
-    remaining eligible stake, walked over the eligible holders in ascending address order. randomness must be
-    fixed after the commit and holders taken from the stake snapshot at the commit (DESIGN.md §5).
+    remaining stake, walked over every validator with stake > 0 in ascending address order. randomness must be
+    fixed after the commit and stakes be the settled weights at the commit (compute_settled_weight; DESIGN.md §5):
+    no one chooses the duties it judges. Fewer than per_duty validators: no duty is covered (ASSIGNMENT_UNCOVERED;
+    on chain the open reverts `Uncoverable`).
     """
     if len(randomness) != 32 or per_duty < 1:
         raise InvalidMoe("assignment needs 32 bytes of randomness and per_duty >= 1", MoeReason.MOE_MALFORMED)
     if len({h.address for h in holders}) != len(holders) or any(h.stake < 0 for h in holders):
         raise InvalidMoe("holders repeat an address or carry negative stake", MoeReason.MOE_MALFORMED)
-    ordered = sorted(holders, key=lambda h: h.address)
+    eligible = sorted((h for h in holders if h.stake > 0), key=lambda h: h.address)
+    if len(eligible) < per_duty:
+        raise InvalidMoe(f"{len(eligible)} eligible validators, {per_duty} needed per duty",
+                         MoeReason.ASSIGNMENT_UNCOVERED)
     out: dict[ExpertKey, tuple[bytes, ...]] = {}
     for key in sorted(set(duties)):
-        pool = [h for h in ordered if h.stake > 0 and h.is_holding(key)]
-        if len(pool) < per_duty:
-            raise InvalidMoe(f"{key}: {len(pool)} eligible holders, {per_duty} needed",
-                             MoeReason.ASSIGNMENT_UNCOVERED)
+        pool = list(eligible)
         chosen: list[bytes] = []
         for j in range(per_duty):
             u = int.from_bytes(keccak256(_ASSIGN_DRAW.pack(randomness, key.layer, key.expert, j)), "big")

@@ -1,11 +1,12 @@
 """The validator daemon's MoE duty service: judge the duties the ExpertDuty module draws for this validator.
 
   events   confirmed ExpertDuty logs (chain.events): an opened inference (`DutiesAssigned`) is a durable learn
-           job ("moe-learn"); its duties drawn for this validator (the lazy draws, one `dutiesOf` view) become
-           durable duty jobs ("moe-job")
+           job ("moe-learn"); its duties drawn for this validator (the lazy draws from every validator, one
+           `dutiesOf` view) become durable duty jobs ("moe-job")
   judge    still open and still ours on chain? → fetch the duty's slice from the operator (node.moe.wire; HTTP,
-           retried) → rebuilt into the module's moeRoot → the duty's check on the weights this validator holds
-           (node.moe.config.DutyValidator, in a worker thread) → a reason code
+           retried) → rebuilt into the module's moeRoot → the duty's check (node.moe.config.DutyValidator, in a
+           worker thread; a drawn duty whose tensors this validator did not preload is loaded from the model
+           folder first: the draw does not ask what a validator holds) → a reason code
   sign     slashing protection (one decision per inference and duty, synced) → EIP-712 ExpertVerdict →
            `submitExpertVerdicts` through the daemon's journaled TxManager (one nonce sequence per key)
 
@@ -14,11 +15,15 @@
            rebuilt locally into the hub's commitment → `assignDuties` (journaled); another member's earlier open
            (AlreadyAssigned) ends the job. Never sent for an opening that does not rebuild the commitment.
 
-  vote     (committee members, as the open) once every drawable duty has settled, this validator's hub verdict on
-           the inference: valid if all passed, invalid with the failed duty's reason, none while a duty is
-           uncovered (the inference then settles unchecked); an opening the operator never served is voted
-           invalid DUTY_DATA_UNAVAILABLE. Recorded in the node's slashing-protection store (one hub verdict per
-           inference, shared with the dense daemon), then signed and submitted (`submitVerdicts`).
+  vote     (committee members, as the open) once every duty has settled, this validator's hub verdict on the
+           inference. The module slashes no one; a failed duty is evidence that each committee member re-judges
+           itself (its own decision on that duty, recorded like an expert verdict) before voting: invalid with
+           the reason of a failure it confirms, valid if every duty passed or it finds every failed one sound. So
+           one duty's judges never decide alone: the hub committee's quorum does, and the hub's rule slashes.
+           An opening the operator never served is voted invalid DUTY_DATA_UNAVAILABLE; an inference the module
+           could not open (`Uncoverable`: fewer validators with settled stake than a duty needs) gets no vote.
+           Recorded in the node's slashing-protection store (one hub verdict per inference, shared with the dense
+           daemon), then signed and submitted (`submitVerdicts`).
 
 An operator that does not serve a duty's slice within the retries is judged DUTY_DATA_UNAVAILABLE, as a dense
 payload that never arrives is judged unavailable: withholding is not a way out of a check. A slice that does not
@@ -45,7 +50,7 @@ from chain.contracts import Commitment, Hub, Status, Vote
 from chain.eip712 import Verdict, sign_verdict
 from chain.errors import ChainError, ContractReverted
 from chain.events import ChainEvent, EventStream, Reorg
-from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
+from chain.moe import DutyResult, ExpertDutyClient, Opened, decode_module_revert, sign_expert_vote
 from chain.txmanager import TxManager
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.moe.config import DutyValidator
@@ -78,7 +83,7 @@ NO_URL = "no executer URL"  # our configuration's gap: never evidence against th
 # reverts after which no retry can succeed: the job ends (the duty is past its window or not ours to judge)
 FINAL_REVERTS = frozenset({"CheckWindowOver", "NotAssignedTo", "DutyNotAssigned", "NotChecked"})
 FINAL_OPEN_REVERTS = frozenset({"AlreadyAssigned", "CheckWindowOver", "NotChecked", "CommitmentMismatch",
-                                "UnknownShape"})
+                                "UnknownShape", "Uncoverable"})
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ class MoeDutyService:
                 tasks += [asyncio.create_task(self.commits.run(self._on_commits, self.poll_interval, stop=stop),
                                               name="moe-commits"),
                           asyncio.create_task(self._open_loop(session, stop), name="moe-open"),
-                          asyncio.create_task(self._vote_loop(stop), name="moe-vote")]
+                          asyncio.create_task(self._vote_loop(session, stop), name="moe-vote")]
             try:
                 await wait_stop_or_failure(tasks, stop)
             finally:
@@ -282,7 +287,10 @@ class MoeDutyService:
         if keccak256(opening.output_hash + opening.artifact_root + bound) != inf.commitment:
             raise ValueError(f"opening of {iid} does not rebuild the hub's commitment")  # never paid for
         fn = self.module.contract.functions.assignDuties(iid, opening.as_tuple())
-        entry = await asyncio.to_thread(lambda: self.txm.send(fn, purpose=f"assign duties {iid}"))
+        try:
+            entry = await asyncio.to_thread(lambda: self.txm.send(fn, purpose=f"assign duties {iid}"))
+        except ContractReverted as exc:  # the module's own errors (Uncoverable, AlreadyAssigned) by name
+            raise decode_module_revert(exc) from exc
         await asyncio.to_thread(self.txm.confirm, entry["nonce"])
         self.opened_by_us.append(iid)
         log.info("MoE inference opened on the module", extra={"inference_id": iid})
@@ -290,11 +298,12 @@ class MoeDutyService:
 
     # ---- the hub verdict ---------------------------------------------------------------------------
 
-    async def _vote_loop(self, stop: asyncio.Event) -> None:
+    async def _vote_loop(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
         """Vote at the hub on queued inferences once their duties settle; a pending one is looked at again."""
         while not stop.is_set():
             iid = await self.votes.get()
             try:
+                await self.rejudge_failed(session, iid)
                 why = await asyncio.to_thread(self.vote_one, iid)
             except (ConflictingVerdict, FatalError):
                 raise
@@ -322,20 +331,16 @@ class MoeDutyService:
         opened = self.module.opened(iid)
         if opened.commit_block == 0:
             ended = self.store.get_record(OPEN_DONE, _open_key(iid))
+            if ended is not None and ended["why"] == "Uncoverable":
+                return "uncoverable"  # too few settled validators to draw any duty: no evidence either way, no vote
             if ended is None or ended["why"] != "given up":
                 return None if ended is None or ended["why"] in ("opened", "opened by us") else f"unopened: {ended}"
             valid, reason = False, int(MoeReason.DUTY_DATA_UNAVAILABLE)  # the operator never served its opening
-        else:  # one log query per look: each duty settles once (DutySettled), a failed one with its reason
-            settled = self.module.get_events("DutySettled", opened.commit_block, argument_filters={"inferenceId": iid})
-            failed = [e for e in settled if not e["args"]["valid"]]
-            if failed:
-                valid, reason = False, int(failed[0]["args"]["reason"])
-            elif opened.uncovered:
-                return "uncovered"  # no evidence either way: no vote, the inference settles unchecked
-            elif len({int(e["args"]["duty"]) for e in settled}) < opened.duties - opened.uncovered:
+        else:
+            decided = self._duties_verdict(iid, opened)
+            if decided is None:
                 return None
-            else:
-                valid, reason = True, 0
+            valid, reason = decided
         job = self.store.get_record(VOTE, _open_key(iid))
         if job is None:
             return "no job"
@@ -355,6 +360,43 @@ class MoeDutyService:
         log.info("MoE hub verdict submitted", extra={"inference_id": iid, "valid": stored.valid,
                                                       "reason": stored.reason})
         return "voted"
+
+    def _failed_duties(self, iid: int, commit_block: int) -> tuple[set[int], list[int]]:
+        """Return (every settled duty, the failed ones in settling order): one log query (each settles once)."""
+        settled = self.module.get_events("DutySettled", commit_block, argument_filters={"inferenceId": iid})
+        return {int(e["args"]["duty"]) for e in settled}, [int(e["args"]["duty"]) for e in settled
+                                                            if not e["args"]["valid"]]
+
+    def _duties_verdict(self, iid: int, opened: Opened) -> tuple[bool, int] | None:
+        """Return this member's (valid, reason) from the settled duties and its own re-judging (None: not yet)."""
+        settled, failed = self._failed_duties(iid, opened.commit_block)
+        own = [self.store.get_expert_verdict(iid, duty) for duty in failed]
+        if any(record is None for record in own):
+            return None  # a failed duty this member has not re-judged yet (rejudge_failed runs before each look)
+        confirmed = [r for r in own if r is not None and not r.valid]
+        if confirmed:
+            return False, confirmed[0].reason
+        if len(settled) < opened.duties:
+            return None
+        return True, 0  # every duty passed, or every failure it re-judged was unfounded
+
+    async def rejudge_failed(self, session: aiohttp.ClientSession, iid: int) -> None:
+        """Judge each failed duty of an inference itself (once, recorded like an expert verdict) before voting."""
+        opened = await asyncio.to_thread(self.module.opened, iid)
+        if opened.commit_block == 0:
+            return
+        _, failed = await asyncio.to_thread(self._failed_duties, iid, opened.commit_block)
+        for duty in failed:
+            if self.store.get_expert_verdict(iid, duty) is not None:
+                continue  # drawn for it (its signed decision stands) or re-judged before
+            key = parse_duty_key(duty)
+            reason = await self._decide(session, iid, key, opened.moe_root)
+            scores = keccak256(json.dumps({"duty": str(key), "reason": int(reason), "rejudged": True}).encode())
+            self.store.record_expert_verdict(ExpertVerdictRecord(iid, duty, Web3.to_hex(opened.moe_root),
+                                                                 reason is MoeReason.OK, int(reason),
+                                                                 Web3.to_hex(scores)))
+            log.info("failed MoE duty re-judged", extra={"inference_id": iid, "duty": str(key),
+                                                          "reason": int(reason)})
 
     # ---- judging ----------------------------------------------------------------------------------
 
@@ -450,9 +492,15 @@ class MoeDutyService:
         if piece is None:
             return MoeReason.DUTY_DATA_UNAVAILABLE
         try:
-            return await asyncio.to_thread(self.checker.check_slice, piece)
+            return await asyncio.to_thread(self._check, piece)
         except InvalidMoe as exc:  # committed data that cannot be checked (non-finite rows, …) is the operator's
             return exc.moe_reason
+
+    def _check(self, piece: DutySlice) -> MoeReason:
+        """Check one slice, loading its duty's tensors first if this validator did not preload them (blocking)."""
+        if not self.checker.holds(piece.key):
+            self.checker.load(piece.key)
+        return self.checker.check_slice(piece)
 
     async def _fetch(self, session: aiohttp.ClientSession, url: str, key: ExpertKey, moe_root: bytes,
                      commitment: bytes) -> DutySlice:
@@ -480,7 +528,10 @@ class MoeDutyService:
                  for s in stored]
         iid = stored[0].inference_id
         fn = self.module.contract.functions.submitExpertVerdicts(iid, [v.as_tuple() for v in votes])
-        entry = self.txm.send(fn, purpose=f"expert verdicts {iid}")
+        try:
+            entry = self.txm.send(fn, purpose=f"expert verdicts {iid}")
+        except ContractReverted as exc:  # the module's own errors (NotAssignedTo, DutyNotAssigned) by name
+            raise decode_module_revert(exc) from exc
         self.txm.confirm(entry["nonce"])
         for s in stored:
             self.decided.labels("valid" if s.valid else "invalid").inc()

@@ -1,24 +1,28 @@
-"""The ExpertDuty module on a real anvil node: the draw mirrors node.protocol.moe, only assigned holders judge."""
+"""The ExpertDuty module on a real anvil node: the draw from every settled validator mirrors node.protocol.moe."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from web3 import Web3
 
-from chain.contracts import Commitment, Params
+from chain.contracts import Commitment, Params, Role
+from chain.devnet import dev_account
 from chain.errors import ContractReverted
 from chain.moe import DutyResult, ExpertVote, MoeOpening, compute_expert_digest, deploy_expert_duty, sign_expert_vote
 from node.protocol.hashing import keccak256
 from node.protocol.moe import (
-    ROUTER,
-    SHARED,
     ExpertKey,
     Holder,
+    InvalidMoe,
+    MoeCommitment,
     MoeReason,
-    compute_covered_assignment,
     compute_duty_key,
     compute_duty_randomness,
+    compute_expert_assignment,
     compute_moe_fingerprint_hash,
+    compute_settled_weight,
     compute_used_experts,
     parse_duty_key,
 )
@@ -30,23 +34,12 @@ LAYERS, EXPERTS = 2, 4
 DENSE_FP = keccak256(b"fingerprints")
 
 
-def holdings() -> list[frozenset[ExpertKey] | None]:
-    """vals[0] the whole model; vals[1] layer 0's experts and the routers; vals[2] layer 1's, the routers, the link."""
-    routers = {ExpertKey(L, ROUTER) for L in range(LAYERS)}
-    return [None,
-            frozenset({ExpertKey(0, e) for e in range(EXPERTS)} | routers),
-            frozenset({ExpertKey(1, e) for e in range(EXPERTS)} | routers | {ExpertKey(0, SHARED)})]
+WEIGHT_DELAY = 3
 
 
-def test_the_chain_draws_what_the_protocol_draws_and_a_failed_expert_slashes_once(anvil_net: Net) -> None:
-    net = anvil_net
-    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
-    ed.set_shape(net.admin, MODEL_ID, LAYERS, EXPERTS)
-    for account, holds in zip(net.validators, holdings(), strict=True):
-        ed.declare_holdings(account, MODEL_ID, None if holds is None else sorted(compute_duty_key(k) for k in holds))
-    net.mine(1)
-
-    moe = make_commitment(layers=LAYERS, experts=EXPERTS)
+def _commit(net: Net, seed: int = 0) -> tuple[int, MoeOpening, MoeCommitment]:
+    """Request and commit an MoE inference of a synthetic commitment; return (id, its opening, the commitment)."""
+    moe = make_commitment(seed=seed, layers=LAYERS, experts=EXPERTS)
     inference_id = net.hub.call("nextInferenceId") + 1
     _, artifact = honest_artifact(inference_id)
     h = artifact.header
@@ -56,11 +49,25 @@ def test_the_chain_draws_what_the_protocol_draws_and_a_failed_expert_slashes_onc
     output_hash = keccak256(b"output")
     net.hub.commit_inference(net.operator, inference_id,
                              Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(DENSE_FP, moe.root())))
-    net.mine(2)
     router_root, counts, roots = moe.opening()
-    opening = MoeOpening(output_hash, artifact.root, DENSE_FP, router_root, tuple(counts), tuple(roots))
+    return inference_id, MoeOpening(output_hash, artifact.root, DENSE_FP, router_root, tuple(counts),
+                                    tuple(roots)), moe
 
-    forged = MoeOpening(output_hash, artifact.root, DENSE_FP, router_root, (0, *counts[1:]), tuple(roots))
+
+def test_the_chain_draws_what_the_protocol_draws_from_every_settled_validator(anvil_net: Net) -> None:
+    net = anvil_net
+    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2, weight_delay=WEIGHT_DELAY)
+    ed.set_shape(net.admin, MODEL_ID, LAYERS, EXPERTS)
+    ed.declare_holdings(net.validators[0], MODEL_ID, [compute_duty_key(ExpertKey(0, 0))])  # a hint: narrows nothing
+    net.hub.bond(net.validators[1], Role.VALIDATOR, 2 * 10**18)  # unequal settled stakes: 5, 7, 5 ETH
+    net.mine(WEIGHT_DELAY + 1)
+    newcomer = dev_account(7)
+    net.hub.bond(newcomer, Role.VALIDATOR, 100 * 10**18)  # within the delay before the commit: drawn for nothing
+    net.hub.bond(net.validators[2], Role.VALIDATOR, 100 * 10**18)  # a top-up within the delay: counts 5 ETH
+    inference_id, opening, moe = _commit(net)
+    net.mine(2)
+
+    forged = dataclasses.replace(opening, counts=(0, *opening.counts[1:]))
     with pytest.raises(ContractReverted) as info:
         ed.assign_duties(net.requester, inference_id, forged)
     assert info.value.error == "CommitmentMismatch"
@@ -69,25 +76,28 @@ def test_the_chain_draws_what_the_protocol_draws_and_a_failed_expert_slashes_onc
     opened = ed.opened(inference_id)
     assert opened.moe_root == moe.root()
     duties = compute_used_experts(moe)
-    assert opened.duties == len(duties) and opened.uncovered == 0
+    assert opened.duties == len(duties) and opened.failed == 0
 
-    # the same draw in Python: weights at the block before the commit, randomness from the hub's seed
-    commit_block = net.hub.get_inference(inference_id).commit_block
-    holders = [Holder(bytes.fromhex(a.address[2:]), net.hub.call("weightAt", a.address, commit_block - 1), holds)
-               for a, holds in zip(net.validators, holdings(), strict=True)]
+    # the same draw in Python: settled weights at the block before the commit, randomness from the hub's seed
+    b = net.hub.get_inference(inference_id).commit_block - 1
+    everyone = [*net.validators, newcomer]
+    holders = [Holder(bytes.fromhex(a.address[2:]), compute_settled_weight(
+        net.hub.call("weightAt", a.address, b - WEIGHT_DELAY), net.hub.call("weightAt", a.address, b)))
+        for a in everyone]
+    assert [h.stake for h in holders] == [5 * 10**18, 7 * 10**18, 5 * 10**18, 0]
+    assert [ed.settled_weight_at(a.address, b) for a in everyone] == [h.stake for h in holders]
     randomness = compute_duty_randomness(bytes(net.hub.call("selectionSeed", inference_id)))
-    want, uncovered = compute_covered_assignment(randomness, duties, holders, 2)
-    assert uncovered == []
+    want = compute_expert_assignment(randomness, duties, holders, 2)
     drawn = ed.assignments(inference_id)  # the lazy draws, read as views (a set of validators per duty)
     assert {parse_duty_key(k): sorted(v) for k, v in drawn.items()} == \
         {k: sorted(Web3.to_checksum_address(a) for a in v) for k, v in want.items()}, \
         "the chain mirrors the protocol draw"
-    for v in net.validators:  # each validator's duties in one view: exactly the draws naming it
+    for v in everyone:  # each validator's duties in one view: exactly the draws naming it
         assert sorted(parse_duty_key(d) for d in ed.duties_of(inference_id, v.address)) == \
             sorted(k for k, a in want.items() if v.address in [Web3.to_checksum_address(x) for x in a])
-    for key, addresses in want.items():
-        assert sorted(ed.assigned_to(inference_id, compute_duty_key(key))) == \
-            sorted(Web3.to_checksum_address(a) for a in addresses)
+    assert ed.duties_of(inference_id, newcomer.address) == []
+    judged = {Web3.to_checksum_address(a) for v in want.values() for a in v}
+    assert judged == {a.address for a in net.validators}, "every settled validator judges, whatever it declared"
 
     chain_id = net.hub.chain_id()
     target = next(k for k in duties if k.layer == 1 and k.expert < EXPERTS)  # a routed expert of layer 1
@@ -95,9 +105,9 @@ def test_the_chain_draws_what_the_protocol_draws_and_a_failed_expert_slashes_onc
     scores = keccak256(b"scores")
     assert compute_expert_digest(chain_id, ed.address, inference_id, duty, moe.root(), False, 903, scores) == \
         ed.verdict_digest(inference_id, duty, moe.root(), False, 903, scores)
-    by_address = {a.address: a for a in net.validators}
+    by_address = {a.address: a for a in everyone}
     assigned = [by_address[a] for a in ed.assigned_to(inference_id, duty)]
-    outsider = next(a for a in net.validators if a not in assigned)
+    outsider = next(a for a in everyone if a not in assigned)
 
     def vote(account_index: int | None, valid: bool) -> ExpertVote:
         account = outsider if account_index is None else assigned[account_index]
@@ -107,55 +117,32 @@ def test_the_chain_draws_what_the_protocol_draws_and_a_failed_expert_slashes_onc
     with pytest.raises(ContractReverted) as info:
         ed.submit_verdicts(net.requester, inference_id, [vote(None, False)])
     assert info.value.error == "NotAssignedTo"
-    stake_before = net.hub.call("stakers", net.operator.address)[0]
+    stake_before = net.hub.staker(net.operator.address).stake
     ed.submit_verdicts(net.requester, inference_id, [vote(0, False)])
-    assert ed.duty_result(inference_id, duty) is DutyResult.OPEN, "one of two assigned holders decides nothing"
-    assert net.hub.call("stakers", net.operator.address)[0] == stake_before
+    assert ed.duty_result(inference_id, duty) is DutyResult.OPEN, "one of two drawn judges decides nothing"
     ed.submit_verdicts(net.requester, inference_id, [vote(1, False)])
     assert ed.duty_result(inference_id, duty) is DutyResult.FAILED
-    staker = net.hub.call("stakers", net.operator.address)
-    assert staker[0] == stake_before // 2, "the hub's slashBps (50 %)"
-    assert staker[6] is True, "jailed"
-    assert ed.opened(inference_id).slashed
+    assert ed.opened(inference_id).failed == 1
+    staker = net.hub.staker(net.operator.address)
+    assert staker.stake == stake_before and not staker.jailed, "the module slashes no one: the hub committee does"
     with pytest.raises(ContractReverted) as info:
         ed.assign_duties(net.requester, inference_id, opening)
     assert info.value.error == "AlreadyAssigned"
 
 
-def test_a_duty_with_too_few_holders_at_the_commit_stays_uncovered_as_in_the_protocol(anvil_net: Net) -> None:
+def test_too_few_settled_validators_make_the_open_revert_as_in_the_protocol(anvil_net: Net) -> None:
     net = anvil_net
-    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
+    ed = deploy_expert_duty(net.w3, net.admin, net.hub, weight_delay=10_000)  # nobody's stake stood that long
     ed.set_shape(net.admin, MODEL_ID, LAYERS, EXPERTS)
-    before = [*holdings()[:2], frozenset()]  # vals[2] holds nothing yet
-    for account, holds in zip(net.validators, before, strict=True):
-        ed.declare_holdings(account, MODEL_ID, None if holds is None else sorted(compute_duty_key(k) for k in holds))
-    net.mine(1)
-    moe = make_commitment(seed=3, layers=LAYERS, experts=EXPERTS)
-    inference_id = net.hub.call("nextInferenceId") + 1
-    _, artifact = honest_artifact(inference_id)
-    h = artifact.header
-    net.hub.request_inference(net.requester, net.operator.address, MODEL_ID, keccak256(b"prompt"), USER_SEED,
-                              Params(h.temperature_bits, h.top_p_bits, h.top_k, h.max_tokens), FEE)
-    output_hash = keccak256(b"output")
-    net.hub.commit_inference(net.operator, inference_id,
-                             Commitment(output_hash, artifact.root, compute_moe_fingerprint_hash(DENSE_FP, moe.root())))
-    ed.declare_holdings(net.validators[2], MODEL_ID, None)  # after the commit: does not count for it
+    inference_id, opening, moe = _commit(net, seed=3)
     net.mine(2)
-    router_root, counts, roots = moe.opening()
-    opening = MoeOpening(output_hash, artifact.root, DENSE_FP, router_root, tuple(counts), tuple(roots))
-    receipt = ed.assign_duties(net.requester, inference_id, opening)
-    commit_block = net.hub.get_inference(inference_id).commit_block
-    holders = [Holder(bytes.fromhex(a.address[2:]), net.hub.call("weightAt", a.address, commit_block - 1), holds)
-               for a, holds in zip(net.validators, before, strict=True)]
-    randomness = compute_duty_randomness(bytes(net.hub.call("selectionSeed", inference_id)))
-    want, uncovered = compute_covered_assignment(randomness, compute_used_experts(moe), holders, 2)
-    assert uncovered, "layer 1's experts and the link have one holder"
-    assert ed.opened(inference_id).uncovered == len(uncovered)
-    events = ed.get_events("DutyUncovered", int(receipt["blockNumber"]))
-    assert sorted(parse_duty_key(int(e["args"]["duty"])) for e in events) == uncovered
-    drawn = ed.assignments(inference_id)
-    assert {parse_duty_key(k): sorted(v) for k, v in drawn.items()} == \
-        {k: sorted(Web3.to_checksum_address(a) for a in v) for k, v in want.items()}
+    with pytest.raises(ContractReverted) as info:
+        ed.assign_duties(net.requester, inference_id, opening)
+    assert info.value.error == "Uncoverable"
+    with pytest.raises(InvalidMoe) as protocol:
+        compute_expert_assignment(bytes(32), compute_used_experts(moe), [Holder(bytes(20), 0)], 3)
+    assert protocol.value.moe_reason is MoeReason.ASSIGNMENT_UNCOVERED
+    assert ed.opened(inference_id).commit_block == 0
 
 
 def test_the_event_stream_decodes_module_events_whose_argument_is_named_keys(anvil_net: Net) -> None:
@@ -163,7 +150,7 @@ def test_the_event_stream_decodes_module_events_whose_argument_is_named_keys(anv
     from chain.events import EventStream, MemoryCursor
 
     net = anvil_net
-    ed = deploy_expert_duty(net.w3, net.admin, net.hub, per_duty=2)
+    ed = deploy_expert_duty(net.w3, net.admin, net.hub)
     ed.set_shape(net.admin, MODEL_ID, LAYERS, EXPERTS)
     keys = sorted(compute_duty_key(ExpertKey(0, e)) for e in range(2))
     ed.declare_holdings(net.validators[0], MODEL_ID, keys)

@@ -1,4 +1,5 @@
-"""The MoE devnet end to end on the tiny random Mixtral: duties drawn on anvil, the int8-expert operator slashed."""
+"""The MoE devnet end to end on the tiny random Mixtral: duties drawn on anvil, the int8-expert operator slashed
+by the hub committee's verdict on its failed duty."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_every_duty_of_the_tiny_moe_has_two_holders_among_four_validators() -> N
 
 
 @pytest.mark.e2e
-def test_the_int8_expert_operator_is_slashed_through_the_module_and_the_honest_one_is_paid(tmp_path: Path) -> None:
+def test_the_int8_expert_operator_is_slashed_by_the_hub_committee_and_the_honest_one_is_paid(tmp_path: Path) -> None:
     options = MoeDevnetOptions(model="tiny-moe", validators=5, rounds=2, tokens=8, cheat_expert="layer1.e1",
                                out=tmp_path)
     with (tmp_path / "console.txt").open("w") as lines:

@@ -47,7 +47,8 @@ def test_one_expert_validator_holds_one_expert_and_catches_it_quantised(tiny):
         validator.check(build_commitment(honest), honest, TOKENS, [ExpertKey(1, 3)])
 
 
-def test_the_draw_only_assigns_a_duty_to_a_validator_configured_for_it(tiny):
+def test_a_drawn_validator_loads_a_duty_it_did_not_preload(tiny):
+    # the draw takes every validator, whatever it preloads (issue 30, finding 4): a duty not configured is loaded
     folder, model = tiny
     trace = record_trace(model, TOKENS)
     c = build_commitment(trace)
@@ -57,7 +58,12 @@ def test_the_draw_only_assigns_a_duty_to_a_validator_configured_for_it(tiny):
     holders = [cfg.holder(address, 100) for address, cfg in configs.items()]
     duties = [k for k in c.experts if c.experts[k]] + [ExpertKey(0, ROUTER), ExpertKey(1, ROUTER)]
     assignment = compute_expert_assignment(b"\x42" * 32, duties, holders, 2)
+    loaded_on_demand = 0
     for key, chosen in assignment.items():
         for address in chosen:
             validator = DutyValidator(folder, configs[address], LIMITS)
+            if not validator.holds(key):
+                loaded_on_demand += 1
+                validator.load(key)
             assert validator.check(c, trace, TOKENS, [key]) == {str(key): MoeReason.OK}
+    assert loaded_on_demand > 0  # preloaded duties narrowed nothing
