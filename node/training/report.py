@@ -48,7 +48,7 @@ ATTACKS: tuple[tuple[Cheat, str], ...] = (
     (Cheat("wrong-lr", 6, factor=2.0), "RECOMPUTE_MISMATCH"),
     (Cheat("wrong-lr", 7, factor=1.1), "RECOMPUTE_MISMATCH"),
     (Cheat("doctor", 8), "CHECKPOINT_POSITIONS"),
-    (Cheat("doctor-patched", 9), "RECOMPUTE_MISMATCH"),
+    (Cheat("doctor-patched", 9), "STATE_ROOT_MISMATCH"),  # RECOMPUTE_MISMATCH before the state root (issue 30)
     (Cheat("forge-shadow", 10), "CHECKPOINT_POSITIONS"),
     (Cheat("late", 11, delay_s=8.0), "LATE_RESPONSE"),
 )
