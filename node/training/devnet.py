@@ -135,7 +135,7 @@ def register(training: TrainingContract, run: DevnetRun) -> None:
     """Register a run on chain with its data root, procedure hash and bond."""
     corpus = load_corpus(run.spec.corpus_files, run.spec.seq_len)
     training.register_run(run.account, run.spec.spec_hash(), bytes.fromhex(run.spec.lsh_nonce), corpus.data_root,
-                          run.spec.procedure_hash(), 0, int(run.spec.audit_rate * 10**18), run.spec.anchor_every, BOND)
+                          run.spec.procedure_hash(), 0, run.spec.audit_rate_wad, run.spec.anchor_every, BOND)
 
 
 def check_nonce_replay(training: TrainingContract, run: DevnetRun) -> str:

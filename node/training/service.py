@@ -160,11 +160,14 @@ def wait_for_response(folder: Path, step: int, deadline: float, poll_s: float = 
         time.sleep(poll_s)
 
 
-def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: bytes, prover: str) -> bool:
-    """Check whether the on-chain run has the declaration's data root, procedure hash and prover."""
+def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: bytes, prover: str,
+                         audit_rate_wad: int, anchor_every: int) -> bool:
+    """Check whether the on-chain run has the declaration's data root, procedure hash, prover, audit rate and m (a
+    prover registering its own run at a rate below its spec's would be drawn less: issue 30, finding 3)."""
     corpus = load_corpus(run.spec.corpus_files, run.spec.seq_len)
     return (data_root == corpus.data_root and procedure_hash == run.spec.procedure_hash()
-            and prover.lower() == run.prover.lower())
+            and prover.lower() == run.prover.lower() and audit_rate_wad == run.spec.audit_rate_wad
+            and anchor_every == run.spec.anchor_every)
 
 
 @dataclass
@@ -198,7 +201,8 @@ class AuditorService:
         record = self.contract.get_run(run.run_id)
         if record.prover == ZERO_ADDRESS:
             return
-        if not is_declared_on_chain(run, record.data_root, record.procedure_hash, record.prover):
+        if not is_declared_on_chain(run, record.data_root, record.procedure_hash, record.prover, record.audit_rate_wad,
+                                    record.anchor_every):
             log.error("run %s on chain does not match its declaration: not audited", run.run_id.hex()[:10])
             run.closed = True
             return
