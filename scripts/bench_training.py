@@ -9,7 +9,8 @@ size. The prover's additions are timed alone: the batch commitment, the gradient
 the all-reduced one is the replicas' mean) of the spec's kind with a precomputed plan (A/B: the
 count sketch before, the block-sign sketch now), the ledger entry (named positions, seal, EIP-712
 signature, LevelDB write), the state root binding the whole Z(t) in the entry (issue 30: sha256 of every
-4 MiB chunk of params ‖ momentum, a Merkle root over them; in rank 0's ledger thread) and the shadow's cost to the workers (a gloo all-reduce among N+1 instead of N
+4 MiB chunk of params ‖ momentum, a Merkle root over them; in rank 0's ledger thread) and the shadow's cost
+to the workers (a gloo all-reduce among N+1 instead of N
 processes, wall-clock). The auditor's recompute of one step (N replicas) gives k. Gas comes from
 anchoring on a real anvil. Prints a table and writes bench-results/training-bench.json.
 """
@@ -37,13 +38,13 @@ from transformers import LlamaForCausalLM
 
 from node.protocol.hashing import keccak256
 from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
-from node.protocol.training_state import compute_state_root
 from node.protocol.lsh import (
     compute_named_positions,
     compute_quantisation,
     compute_sketch_plan,
     compute_sketch_with_plan,
 )
+from node.protocol.training_state import compute_state_root
 from node.training.corpus import get_batch_ids, load_corpus
 from node.training.ledger_store import LedgerStore, sign_head
 from node.training.model import (

@@ -7,8 +7,9 @@ where positions are uint64 big-endian, values the float32 bit patterns of Z(t)[I
 roots the replicas' 32-byte Merkle roots in rank order, lsh the int32 quantised sketch of the
 all-reduced gradient (big-endian), replica lsh the same of each replica's own gradient, and optionals
 three float32 (loss, gradient norm, learning rate; NaN when absent), and the state root the 32-byte
-binding of the whole state Z(t) (node.protocol.training_state: parameters, momentum, step, data cursor).
-Hashing every variable-length part first keeps the encoding unambiguous. Step 0 is the initialisation: no batch, no gradient.
+binding of the whole state Z(t) (node.protocol.training_state: params, momentum, step, data cursor).
+Hashing every variable-length part first keeps the encoding unambiguous. Step 0 is the initialisation: no
+batch, no gradient.
 
 A batch root is the OpenZeppelin-compatible Merkle root over one leaf per sample:
 `uint64 sample_id ‖ uint32 n ‖ n × uint32 token id`.

@@ -43,7 +43,7 @@ def compute_chunk_digest(values: np.ndarray) -> bytes:
         raise InvalidTraining(f"state chunk of dtype {values.dtype}, shape {values.shape}",
                               TrainingReason.CHECKPOINT_DTYPE)
     data = np.ascontiguousarray(values, dtype="<f4")  # no copy on a little-endian host
-    return hashlib.sha256(memoryview(data).cast("B")).digest()
+    return hashlib.sha256(data.data.cast("B")).digest()  # the array's own buffer: no bytes copy
 
 
 def compute_leaf(segment: int, index: int, length: int, digest: bytes) -> bytes:
@@ -60,8 +60,8 @@ def compute_root_from_digests(step: int, cursor: int, sizes: tuple[int, int],
         if len(bounds) != len(seg_digests):
             raise InvalidTraining(f"{len(seg_digests)} digests for {len(bounds)} chunks of {SEGMENTS[segment]}",
                                   TrainingReason.LEDGER_MALFORMED, step)
-        leaves += [compute_leaf(segment, j, end - start, d) for j, ((start, end), d) in enumerate(zip(bounds,
-                                                                                                    seg_digests))]
+        pairs = zip(bounds, seg_digests, strict=True)
+        leaves += [compute_leaf(segment, j, end - start, d) for j, ((start, end), d) in enumerate(pairs)]
     header = struct.pack(">QQQQI", step, cursor, sizes[0], sizes[1], CHUNK_ENTRIES)
     return keccak256(STATE_DOMAIN + header + compute_merkle_root(leaves))
 

@@ -14,7 +14,6 @@ the shadow serves Z(s−1), Z(s) from its last K = 2m states.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os

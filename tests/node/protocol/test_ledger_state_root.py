@@ -33,7 +33,7 @@ def reference_root(params: np.ndarray, momentum: np.ndarray, step: int, cursor: 
             leaves.append(keccak(bytes([segment]) + j.to_bytes(8, "big") + part.size.to_bytes(8, "big") + digest))
     layer = leaves or [b"\x00" * 32]
     while len(layer) > 1:
-        nxt = [keccak(min(a, b) + max(a, b)) for a, b in zip(layer[::2], layer[1::2])]
+        nxt = [keccak(min(a, b) + max(a, b)) for a, b in zip(layer[::2], layer[1::2], strict=False)]
         layer = nxt + ([layer[-1]] if len(layer) % 2 else [])
     header = b"verinfer-training-state-v1" + struct.pack(">QQQQI", step, cursor, params.size, momentum.size, chunk)
     return keccak(header + layer[0])

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from node.protocol.ledger import InvalidTraining, TrainingReason
+from node.protocol.ledger import TrainingReason
 from node.training import auditor
-from node.training.auditor import load_tolerance, verify_state_root
+from node.training.auditor import load_tolerance
 from node.training.calibration import audit_job, run_audited_job
 from node.training.job import Cheat
 from node.training.report import compute_stolen_init
