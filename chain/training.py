@@ -226,12 +226,16 @@ class TrainingContract:
         """Return the block a step's audit was requested in (0: not requested)."""
         return int(self.call("requestedAt", run_id, step))
 
-    def request_count(self, run_id: bytes, index: int) -> int:
-        """Return how many audits were requested on an anchor's window."""
-        return int(self.call("requestCount", run_id, index))
+    def request_count(self, run_id: bytes, index: int, validator: str) -> int:
+        """Return how many audits a validator requested on an anchor's window."""
+        return int(self.call("requestCount", run_id, index, validator))
+
+    def min_audit_rate_wad(self) -> int:
+        """Return the protocol's lowest audit rate a run may register (wad)."""
+        return int(self.call("MIN_AUDIT_RATE_WAD"))
 
     def max_requests(self) -> int:
-        """Return the cap of requested audits per anchor."""
+        """Return the cap of requested audits per anchor and per validator."""
         return int(self.call("maxRequests"))
 
     def verdict_deadline(self, run_id: bytes, index: int, step: int) -> int:

@@ -198,9 +198,10 @@ def devnet(out: Path = typer.Option(Path("bench-results/training-devnet"), help=
            anchor_every: int = typer.Option(None, help="m: steps per anchor (default: the shape's demo plan)."),
            audit_rate: float = typer.Option(None, help="p: audit rate (default: the shape's demo plan, 0.4)."),
            timeout: float = typer.Option(1800.0, help="Seconds before giving up."),
-           k: int = typer.Option(1, help="Audit interruption window in steps (measured recompute ÷ step).")) -> None:
-    """Anvil + contracts, an honest and a cheating gloo job, three validators each running its own auditor
-    process; exit 0 iff the cheater is slashed and the honest run is not."""
+           k: int = typer.Option(1, help="Measured recompute ÷ step (the auditors abandon no drawn audit).")) -> None:
+    """Anvil + contracts, an honest and two cheating gloo jobs (undeclared data; the hidden-state cheater), three
+    validators each running its own auditor process; exit 0 iff both cheaters are slashed and the honest run is
+    not."""
     from node.training.devnet import compute_catch_probability, get_devnet_plan, run_devnet
     from node.training.spec import UnknownShape
 
@@ -221,6 +222,6 @@ def devnet(out: Path = typer.Option(Path("bench-results/training-devnet"), help=
     console.print(f"peak memory (RSS of the process tree, every {mem['period_s']} s): {mem['peak_rss_gb']} GB at "
                   f"{mem['peak_at_s']} s {mem['peak_by_role_gb']}; wall {summary['wall_s']} s; "
                   f"step times {summary['step_times']}")
-    console.print("[green]cheater slashed, honest run kept its bond[/green]" if summary["ok"]
+    console.print("[green]both cheaters slashed, honest run kept its bond[/green]" if summary["ok"]
                   else "[red]devnet FAILED[/red]")
     raise typer.Exit(0 if summary["ok"] else 1)

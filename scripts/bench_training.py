@@ -8,7 +8,9 @@ for wall-clock: on a shared machine other load moves wall-clock timings by 2x), 
 size. The prover's additions are timed alone: the batch commitment, the gradient sketch (its replica's;
 the all-reduced one is the replicas' mean) of the spec's kind with a precomputed plan (A/B: the
 count sketch before, the block-sign sketch now), the ledger entry (named positions, seal, EIP-712
-signature, LevelDB write) and the shadow's cost to the workers (a gloo all-reduce among N+1 instead of N
+signature, LevelDB write), the state root binding the whole Z(t) in the entry (issue 30: sha256 of every
+4 MiB chunk of params ‖ momentum, a Merkle root over them; in rank 0's ledger thread) and the shadow's cost
+to the workers (a gloo all-reduce among N+1 instead of N
 processes, wall-clock). The auditor's recompute of one step (N replicas) gives k. Gas comes from
 anchoring on a real anvil. Prints a table and writes bench-results/training-bench.json.
 """
@@ -42,6 +44,7 @@ from node.protocol.lsh import (
     compute_sketch_plan,
     compute_sketch_with_plan,
 )
+from node.protocol.training_state import compute_state_root
 from node.training.corpus import get_batch_ids, load_corpus
 from node.training.ledger_store import LedgerStore, sign_head
 from node.training.model import (
@@ -142,6 +145,8 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
         lambda: compute_quantisation(compute_sketch_with_plan(before, grad.numpy()), spec.lsh_scale),
         lambda: compute_quantisation(compute_sketch_with_plan(plan, grad.numpy()), spec.lsh_scale), repeats)
     t_ledger = bench_ledger(spec, state, repeats)
+    t_root = timed(lambda: compute_state_root(state.params.numpy(), state.momentum.numpy(), 1, spec.global_batch),
+                   repeats)
     positions = compute_named_positions(b"b" * 32, 1, 2 * n, spec.named_positions)
     t_named_before, t_named = timed_pair(lambda: state.vector()[positions], lambda: get_named_values(state, positions),
                                          repeats)
@@ -156,26 +161,29 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
     # after: the block-sign sketch, the named values gathered without Z, the ledger's CPU time in a
     # background thread (still spent)
     overhead_before = t_commit + t_lsh_before + t_ledger + (t_named_before - t_named) + t_shadow
-    overhead = t_commit + t_lsh + t_ledger + t_shadow
+    unbound = t_commit + t_lsh + t_ledger + t_shadow  # the prover before issue 30: named positions only
+    overhead = unbound + t_root
     critical = t_commit + t_lsh + t_shadow
     tokens = spec.batch_per_worker * spec.seq_len
     # the overhead is per step and grows with the parameters; the step grows with the tokens a worker trains on
     tokens_for_5pct = overhead / (0.05 * t_step_wall / tokens)
     return {"shape": name, "params": n, "step_s": t_step, "allreduce_n_s": t_ar2, "allreduce_n_plus_shadow_s": t_ar3,
             "step_wall_s": t_step_wall, "commit_s": t_commit, "lsh_s": t_lsh, "lsh_plan_once_s": t_plan,
-            "ledger_s": t_ledger, "shadow_s": t_shadow, "overhead_s": overhead,
+            "ledger_s": t_ledger, "shadow_s": t_shadow, "overhead_s": overhead, "state_root_s": t_root,
+            "state_bytes": 8 * n, "state_root_gb_per_s": 8 * n / t_root / 1e9, "overhead_unbound_s": unbound,
+            "overhead_unbound_ratio": unbound / t_step_wall, "state_root_ratio": t_root / t_step_wall,
             "named_gather_before_s": t_named_before, "named_gather_s": t_named,
             "overhead_before_s": overhead_before, "overhead_before_ratio": overhead_before / t_step_wall,
             "critical_path_overhead_s": critical, "critical_path_overhead_ratio": critical / t_step_wall,
             "overhead_ratio": overhead / t_step_wall, "recompute_s": t_recompute, "k": t_recompute / t_step_wall,
             "tokens_per_worker_step": tokens, "tokens_per_worker_step_for_5pct_extrapolated": tokens_for_5pct,
             "lsh_ns_per_param": 1e9 * t_lsh / n, "lsh_before_s": t_lsh_before,
-            "by_batch": [bench_batch(spec, model, samples, b, repeats, t_lsh + t_ledger + t_shadow, t_ar2)
+            "by_batch": [bench_batch(spec, model, samples, b, repeats, t_lsh + t_ledger + t_shadow, t_ar2, t_root)
                          for b in batches]}
 
 
 def bench_batch(spec: RunSpec, model: LlamaForCausalLM, samples: np.ndarray, batch: int, repeats: int,
-                fixed_overhead_s: float, allreduce_s: float) -> dict[str, Any]:
+                fixed_overhead_s: float, allreduce_s: float, state_root_s: float) -> dict[str, Any]:
     """Return the measured step time and overhead ratio of one worker at `batch` sequences per worker-step."""
     spec = spec.model_copy(update={"batch_per_worker": batch})
     ids = get_batch_ids(spec, len(samples), 1, 0)
@@ -188,9 +196,11 @@ def bench_batch(spec: RunSpec, model: LlamaForCausalLM, samples: np.ndarray, bat
 
     t_step = timed(step, repeats) + allreduce_s
     t_commit = timed(lambda: compute_batch_root(ids, windows.tolist()), repeats)
-    overhead = t_commit + fixed_overhead_s
+    unbound = t_commit + fixed_overhead_s
+    overhead = unbound + state_root_s
     return {"batch_per_worker": batch, "tokens_per_worker_step": batch * spec.seq_len, "step_wall_s": t_step,
-            "commit_s": t_commit, "overhead_s": overhead, "overhead_ratio": overhead / t_step}
+            "commit_s": t_commit, "overhead_s": overhead, "overhead_ratio": overhead / t_step,
+            "overhead_unbound_ratio": unbound / t_step, "state_root_ratio": state_root_s / t_step}
 
 
 def bench_ledger(spec: RunSpec, state: TrainState, repeats: int) -> float:
@@ -260,25 +270,28 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
     results = [bench_shape(s, SHAPES[s], args.repeats, batches) for s in args.shapes.split(",")]
     gas = bench_gas([1, 5, 20, 100]) if args.gas else []
-    table = Table("shape", "params", "step s", "commit s", "lsh s (before)", "ledger s", "named gather s (before)",
+    table = Table("shape", "params", "step s", "commit s", "lsh s (before)", "ledger s", "state root s (GB/s)",
+                  "named gather s (before)",
                   "shadow s", "overhead before", "overhead after (CPU)", "after (critical path)", "recompute s", "k",
                   "tokens for 5 %")
     for r in results:
         table.add_row(r["shape"], f"{r['params']:,}", f"{r['step_wall_s']:.3f}", f"{r['commit_s']:.4f}",
                       f"{r['lsh_s']:.4f} ({r['lsh_before_s']:.4f})", f"{r['ledger_s']:.4f}",
+                      f"{r['state_root_s']:.3f} ({r['state_root_gb_per_s']:.2f})",
                       f"{r['named_gather_s']:.5f} ({r['named_gather_before_s']:.5f})", f"{r['shadow_s']:.4f}",
                       f"{100 * r['overhead_before_ratio']:.1f} %", f"{100 * r['overhead_ratio']:.1f} %",
                       f"{100 * r['critical_path_overhead_ratio']:.1f} %", f"{r['recompute_s']:.3f}", f"{r['k']:.2f}",
                       f"{r['tokens_per_worker_step_for_5pct_extrapolated']:.0f}")
     console.print(table)
     batch_table = Table("shape", "sequences / worker-step", "tokens / worker-step", "step s (+ all-reduce)",
-                        "commit s", "overhead s (CPU)", "overhead ÷ step",
+                        "commit s", "overhead s (CPU)", "overhead ÷ step", "unbound ÷ step", "state root ÷ step",
                         title="the overhead is per step; the step grows with the batch")
     for r in results:
         for b in r["by_batch"]:
             batch_table.add_row(r["shape"], str(b["batch_per_worker"]), str(b["tokens_per_worker_step"]),
                                 f"{b['step_wall_s']:.3f}", f"{b['commit_s']:.5f}", f"{b['overhead_s']:.4f}",
-                                f"{100 * b['overhead_ratio']:.1f} %")
+                                f"{100 * b['overhead_ratio']:.1f} %", f"{100 * b['overhead_unbound_ratio']:.1f} %",
+                                f"{100 * b['state_root_ratio']:.1f} %")
     console.print(batch_table)
     gas_table = Table("m", "register gas", "anchor gas", "gas per anchored step")
     for g in gas:

@@ -19,6 +19,12 @@ import {StakeQuorum, IValidatorSet} from "./StakeQuorum.sol";
 ///      raise the run's rate): the step is then due like a drawn one and settled by the same supermajority.
 contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     uint256 public constant WAD = 1e18;
+    /// @notice The protocol's lowest audit rate p (0.1): a run registered below it is refused (`AuditRateTooLow`).
+    ///         The prover registers its own run, so without a floor it would declare 1e-18 and never be drawn;
+    ///         with p ≥ 0.1 a cheat in c steps escapes the draw with probability ≤ 0.9^c. The run's own declared
+    ///         rate (its spec, committed by procedureHash) must equal the registered one: auditors refuse a run
+    ///         whose registration differs from its spec (node/training/service.py).
+    uint64 public constant MIN_AUDIT_RATE_WAD = 0.1e18;
     uint16 public constant LATE_RESPONSE = 712;
     bytes32 public constant VERDICT_TYPEHASH =
         keccak256("AuditVerdict(bytes32 runId,uint64 step,bytes32 anchorHead,bool valid,uint16 reason)");
@@ -55,10 +61,11 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     address public immutable treasury;
     uint256 public immutable minBond;
     uint256 public immutable verdictWindow; // blocks after an anchor's draw block in which its verdicts settle
-    /// @notice Requested audits per anchor, all validators together (`requestAudit`). A deployment constant, not
-    ///         a run parameter: the prover registers its own runs and would declare 0; one bound for every run
-    ///         caps what validators can make any prover serve (≤ maxRequests responses per window, each two
-    ///         states Z(t−1), Z(t)) and what an honest prover must budget for when it bonds.
+    /// @notice Requested audits per anchor and per validator (`requestAudit`): each validator has its own quota, so
+    ///         one (colluding) validator cannot use up the requests of the others. A deployment constant, not a run
+    ///         parameter: the prover registers its own runs and would declare 0. It bounds what validators can make
+    ///         any prover serve: ≤ min(window steps, maxRequests × the validators weighted at the anchor)
+    ///         responses per window (each two states Z(t−1), Z(t)), which an honest prover budgets for when it bonds.
     uint256 public immutable maxRequests;
     uint8 public constant INIT_STRATEGIES = 1; // 0: normal(0, 0.02) matrices, unit norms
 
@@ -72,8 +79,8 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     mapping(bytes32 => bytes32) public pendingBeacon;
     /// @notice The block a validator requested the audit of a step in (0: not requested) — per run and step.
     mapping(bytes32 => mapping(uint64 => uint64)) public requestedAt;
-    /// @notice Requests made on an anchor's window — per run and anchor index (≤ maxRequests).
-    mapping(bytes32 => mapping(uint256 => uint256)) public requestCount;
+    /// @notice Requests made on an anchor's window — per run, anchor index and requesting validator (≤ maxRequests).
+    mapping(bytes32 => mapping(uint256 => mapping(address => uint256))) public requestCount;
 
     event RunRegistered(bytes32 indexed runId, address indexed prover, uint256 bond, uint64 auditRateWad);
     event Anchored(bytes32 indexed runId, uint256 indexed index, uint64 firstStep, uint64 lastStep, bytes32 head);
@@ -100,6 +107,7 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     error AlreadyDue(bytes32 runId, uint64 step);
     error RequestsExhausted(uint256 index, uint256 maximum);
     error PastRequestHorizon(uint256 index, uint256 anchors);
+    error AuditRateTooLow(uint64 auditRateWad, uint64 minimum);
 
     constructor(
         IValidatorSet hub_,
@@ -131,9 +139,8 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         if (msg.value > type(uint96).max) revert BadParams();
         if (runs[runId].prover != address(0)) revert RunExists(runId);
         if (nonceUsed[nonce]) revert NonceReplayed(nonce);
-        if (initStrategy >= INIT_STRATEGIES || auditRateWad == 0 || auditRateWad > WAD || anchorEvery == 0) {
-            revert BadParams();
-        }
+        if (initStrategy >= INIT_STRATEGIES || auditRateWad > WAD || anchorEvery == 0) revert BadParams();
+        if (auditRateWad < MIN_AUDIT_RATE_WAD) revert AuditRateTooLow(auditRateWad, MIN_AUDIT_RATE_WAD);
         nonceUsed[nonce] = true;
         runs[runId] = Run({
             prover: msg.sender,
@@ -236,7 +243,9 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
     ///      needs, exactly until then. A request after the next anchor could not be served from K = 2m, and
     ///      a finished run's prover has stopped: both revert (PastRequestHorizon / NotRunning). The last window
     ///      is therefore covered by its draw only.
-    ///      How many: at most `maxRequests` per anchor, all validators together (RequestsExhausted beyond).
+    ///      How many: at most `maxRequests` per anchor for each validator (RequestsExhausted beyond): a validator
+    ///      cannot spend another's quota, so one colluder exhausting its own on honest steps leaves every other
+    ///      validator free to request the forged one.
     ///      Its verdict window counts from the request block; it closes before the bond can be withdrawn
     ///      (a request precedes the run's end, and withdrawal waits verdictWindow + 2 blocks after it).
     function requestAudit(bytes32 runId, uint256 index, uint64 step) external {
@@ -246,9 +255,9 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         if (settledWeightAt(msg.sender, uint256(a.blockNumber) - 1) == 0) revert NotAValidator(msg.sender);
         if (step < a.firstStep || step > a.lastStep) revert BadWindow(a.firstStep, a.lastStep);
         if (requestedAt[runId][step] != 0 || isAudited(runId, index, step)) revert AlreadyDue(runId, step);
-        uint256 n = requestCount[runId][index];
+        uint256 n = requestCount[runId][index][msg.sender];
         if (n >= maxRequests) revert RequestsExhausted(index, maxRequests);
-        requestCount[runId][index] = n + 1;
+        requestCount[runId][index][msg.sender] = n + 1;
         requestedAt[runId][step] = uint64(block.number);
         emit AuditRequested(runId, index, step, msg.sender);
     }

@@ -15,7 +15,7 @@ contract TrainingTest is Fixture {
     bytes32 internal constant NONCE = keccak256("nonce-1");
     uint64 internal constant RATE = 0.5e18;
     uint256 internal constant MAX_REQUESTS = 2;
-    bytes32 internal constant QUIET = keccak256("run-quiet"); // a run whose draw audits nothing (rate 1e-18)
+    bytes32 internal constant QUIET = keccak256("run-quiet"); // a run at the protocol's lowest rate (few draws)
     bytes32 internal constant QUIET_HEAD = keccak256("q5"); // the quiet run's ledger head at its step-5 anchor
 
     function setUp() public override {
@@ -87,6 +87,33 @@ contract TrainingTest is Fixture {
             if (tr.isAudited(RUN, index, t)) return t;
         }
         revert("no audited step");
+    }
+
+    /// @dev The `nth` step of anchor `index`'s window (0..5) of run `runId` that its draw did not pick.
+    function undrawn(bytes32 runId, uint256 index, uint256 nth) internal view returns (uint64) {
+        (uint64 first, uint64 last,,,) = tr.anchors(runId, index);
+        for (uint64 t = first; t <= last; ++t) {
+            if (tr.isAudited(runId, index, t)) continue;
+            if (nth == 0) return t;
+            --nth;
+        }
+        revert("not enough undrawn steps");
+    }
+
+    /// @dev Issue 30, finding 3: a prover registering its own run at 1e-18 (its spec says 0.4) is never audited.
+    function test_registerRefusesAnAuditRateBelowTheProtocolMinimum() public {
+        vm.deal(address(this), 10 ether);
+        uint64 floor = tr.MIN_AUDIT_RATE_WAD();
+        assertEq(uint256(floor), 0.1e18, "documented floor");
+        vm.expectRevert(abi.encodeWithSelector(Training.AuditRateTooLow.selector, uint64(1), floor));
+        tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 0, 1, 5);
+        vm.expectRevert(abi.encodeWithSelector(Training.AuditRateTooLow.selector, floor - 1, floor));
+        tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 0, floor - 1, 5);
+        vm.expectRevert(Training.BadParams.selector);
+        tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 0, uint64(1e18 + 1), 5);
+        tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 0, floor, 5);
+        (,,,, uint64 rate,,,,,,,) = tr.runs(keccak256("run-2"));
+        assertEq(uint256(rate), uint256(floor), "the floor itself is accepted");
     }
 
     function test_registerRefusesAReplayedNonceALowBondAndBadParams() public {
@@ -277,8 +304,9 @@ contract TrainingTest is Fixture {
     // ---- requested audits (requestAudit) --------------------------------------------------------------
 
     function registerQuiet() internal {
+        uint64 floor = tr.MIN_AUDIT_RATE_WAD(); // read before the prank: the call would consume it
         vm.prank(prover);
-        tr.registerRun{value: 2 ether}(QUIET, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, 1, 5);
+        tr.registerRun{value: 2 ether}(QUIET, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, floor, 5);
     }
 
     /// @dev The quiet run registered and anchored at step 5 with head QUIET_HEAD; returns the anchor's index.
@@ -297,29 +325,48 @@ contract TrainingTest is Fixture {
         uint256 index = anchoredQuiet();
         bondAs(vm.addr(lateKey), Staking.Role.Validator, 50 ether); // after the anchor: no weight at its block − 1
         vm.roll(vm.getBlockNumber() + 2);
+        (uint64 a, uint64 b) = (undrawn(QUIET, index, 0), undrawn(QUIET, index, 1));
         vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, prover));
-        request(prover, QUIET, index, 1);
+        request(prover, QUIET, index, a);
         vm.expectRevert(abi.encodeWithSelector(StakeQuorum.NotAValidator.selector, vm.addr(lateKey)));
-        request(vm.addr(lateKey), QUIET, index, 1);
-        request(vals[0], QUIET, index, 1);
-        assertEq(uint256(tr.requestedAt(QUIET, 1)), block.number, "the request block is stored");
-        assertTrue(tr.isAuditDue(QUIET, index, 1) && !tr.isAudited(QUIET, index, 1), "due, not drawn");
-        assertTrue(!tr.isAuditDue(QUIET, index, 2), "another step is not");
+        request(vm.addr(lateKey), QUIET, index, a);
+        request(vals[0], QUIET, index, a);
+        assertEq(uint256(tr.requestedAt(QUIET, a)), block.number, "the request block is stored");
+        assertTrue(tr.isAuditDue(QUIET, index, a) && !tr.isAudited(QUIET, index, a), "due, not drawn");
+        assertTrue(!tr.isAuditDue(QUIET, index, b), "another step is not");
     }
 
-    function test_requestsPerAnchorAreCappedAcrossValidators() public {
+    function test_requestsAreCappedPerValidatorAndPerAnchor() public {
         uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
-        request(vals[0], QUIET, index, 1);
-        request(vals[1], QUIET, index, 2);
-        assertEq(tr.requestCount(QUIET, index), MAX_REQUESTS, "two requests");
+        request(vals[0], QUIET, index, undrawn(QUIET, index, 0));
+        request(vals[0], QUIET, index, undrawn(QUIET, index, 1));
+        assertEq(tr.requestCount(QUIET, index, vals[0]), MAX_REQUESTS, "two requests");
+        uint64 third = undrawn(QUIET, index, 2);
         vm.expectRevert(abi.encodeWithSelector(Training.RequestsExhausted.selector, index, MAX_REQUESTS));
-        request(vals[2], QUIET, index, 3);
+        request(vals[0], QUIET, index, third);
         // the cap is per anchor: the next window has its own
         uint256 next = anchorOf(QUIET, 10, keccak256("q10"));
         vm.roll(vm.getBlockNumber() + 2);
-        request(vals[2], QUIET, next, 7);
-        assertEq(tr.requestCount(QUIET, next), 1, "own count");
+        request(vals[0], QUIET, next, undrawn(QUIET, next, 0));
+        assertEq(tr.requestCount(QUIET, next, vals[0]), 1, "own count");
+    }
+
+    /// @dev Issue 30, finding 7: a colluding validator spends the anchor's requests on honest steps so that the
+    ///      step the prover forged can never be requested. Each validator now has its own quota.
+    function test_oneValidatorCannotExhaustTheOthersRequests() public {
+        uint256 index = anchoredQuiet();
+        vm.roll(vm.getBlockNumber() + 2);
+        for (uint256 i; i < MAX_REQUESTS; ++i) {
+            request(vals[2], QUIET, index, undrawn(QUIET, index, i)); // the colluder, on honest steps
+        }
+        uint64 forged = undrawn(QUIET, index, MAX_REQUESTS);
+        request(vals[0], QUIET, index, forged); // an honest validator still requests the forged step
+        assertTrue(tr.isAuditDue(QUIET, index, forged), "the forged step is due");
+        assertEq(tr.requestCount(QUIET, index, vals[0]), 1, "its own quota");
+        tr.submitVotes(QUIET, index, forged, votesOf(QUIET, 2, forged, QUIET_HEAD, false, 709));
+        (,,,,,,,,,, bool slashed,) = tr.runs(QUIET);
+        assertTrue(slashed, "and its audit slashes the forger");
     }
 
     function test_aRequestNeedsTheDrawAndEndsAtTheNextAnchorOrTheRunsEnd() public {
@@ -353,7 +400,8 @@ contract TrainingTest is Fixture {
             request(vals[0], RUN, index, t);
             vm.expectRevert(abi.encodeWithSelector(Training.AlreadyDue.selector, RUN, t));
             request(vals[1], RUN, index, t);
-            assertEq(tr.requestCount(RUN, index), 1, "the duplicate is not counted");
+            assertEq(tr.requestCount(RUN, index, vals[0]), 1, "counted once");
+            assertEq(tr.requestCount(RUN, index, vals[1]), 0, "the duplicate is not counted");
             return;
         }
     }
@@ -361,14 +409,15 @@ contract TrainingTest is Fixture {
     function test_aRequestedStepSettledInvalidForfeitsTheBond() public {
         uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
-        Training.Vote[] memory early = votesOf(QUIET, 2, 3, QUIET_HEAD, false, 709);
-        vm.expectRevert(abi.encodeWithSelector(Training.NotAudited.selector, QUIET, uint64(3)));
-        tr.submitVotes(QUIET, index, 3, early); // not due before the request
-        request(vals[0], QUIET, index, 3);
-        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 1, 3, QUIET_HEAD, false, 709));
-        assertEq(tr.auditResult(QUIET, 3), 0, "the requester alone settles nothing");
-        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, QUIET_HEAD, false, 709));
-        assertEq(tr.auditResult(QUIET, 3), 2, "failed");
+        uint64 t = undrawn(QUIET, index, 0);
+        Training.Vote[] memory early = votesOf(QUIET, 2, t, QUIET_HEAD, false, 709);
+        vm.expectRevert(abi.encodeWithSelector(Training.NotAudited.selector, QUIET, t));
+        tr.submitVotes(QUIET, index, t, early); // not due before the request
+        request(vals[0], QUIET, index, t);
+        tr.submitVotes(QUIET, index, t, votesOf(QUIET, 1, t, QUIET_HEAD, false, 709));
+        assertEq(tr.auditResult(QUIET, t), 0, "the requester alone settles nothing");
+        tr.submitVotes(QUIET, index, t, votesOf(QUIET, 2, t, QUIET_HEAD, false, 709));
+        assertEq(tr.auditResult(QUIET, t), 2, "failed");
         (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(slashed && bond == 0, "slashed");
         assertEq(tr.credits(TREASURY), 2 ether, "bond to the treasury");
@@ -377,9 +426,10 @@ contract TrainingTest is Fixture {
     function test_aRequestedStepSettledValidKeepsTheBond() public {
         uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
-        request(vals[0], QUIET, index, 3);
-        tr.submitVotes(QUIET, index, 3, votesOf(QUIET, 2, 3, QUIET_HEAD, true, 0));
-        assertEq(tr.auditResult(QUIET, 3), 1, "passed");
+        uint64 t = undrawn(QUIET, index, 0);
+        request(vals[0], QUIET, index, t);
+        tr.submitVotes(QUIET, index, t, votesOf(QUIET, 2, t, QUIET_HEAD, true, 0));
+        assertEq(tr.auditResult(QUIET, t), 1, "passed");
         (, uint96 bond,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(!slashed && bond == 2 ether, "bond kept");
     }
@@ -387,10 +437,11 @@ contract TrainingTest is Fixture {
     function test_lateOnARequestedStepSlashes() public {
         uint256 index = anchoredQuiet();
         vm.roll(vm.getBlockNumber() + 2);
-        request(vals[1], QUIET, index, 4);
+        uint64 t = undrawn(QUIET, index, 0);
+        request(vals[1], QUIET, index, t);
         vm.roll(vm.getBlockNumber() + 20); // the prover never served it
-        tr.submitVotes(QUIET, index, 4, votesOf(QUIET, 2, 4, QUIET_HEAD, false, tr.LATE_RESPONSE()));
-        assertEq(tr.auditResult(QUIET, 4), 2, "late is a failed audit");
+        tr.submitVotes(QUIET, index, t, votesOf(QUIET, 2, t, QUIET_HEAD, false, tr.LATE_RESPONSE()));
+        assertEq(tr.auditResult(QUIET, t), 2, "late is a failed audit");
         (,,,,,,,,,, bool slashed,) = tr.runs(QUIET);
         assertTrue(slashed, "slashed");
     }
@@ -399,15 +450,16 @@ contract TrainingTest is Fixture {
         uint256 index = anchoredQuiet();
         (,, uint64 anchorBlock,,) = tr.anchors(QUIET, index);
         vm.roll(uint256(anchorBlock) + 90);
-        request(vals[0], QUIET, index, 2);
+        uint64 t = undrawn(QUIET, index, 0);
+        request(vals[0], QUIET, index, t);
         uint256 deadline = block.number + 100;
-        assertEq(tr.verdictDeadline(QUIET, index, 2), deadline, "request block + verdictWindow");
+        assertEq(tr.verdictDeadline(QUIET, index, t), deadline, "request block + verdictWindow");
         vm.roll(uint256(anchorBlock) + 1 + 100 + 1); // a drawn step's window would be over
-        tr.submitVotes(QUIET, index, 2, votesOf(QUIET, 1, 2, QUIET_HEAD, false, 712));
+        tr.submitVotes(QUIET, index, t, votesOf(QUIET, 1, t, QUIET_HEAD, false, 712));
         vm.roll(deadline + 1);
-        Training.Vote[] memory late = votesOf(QUIET, 2, 2, QUIET_HEAD, false, 712);
+        Training.Vote[] memory late = votesOf(QUIET, 2, t, QUIET_HEAD, false, 712);
         vm.expectRevert(abi.encodeWithSelector(Training.DrawExpired.selector, deadline));
-        tr.submitVotes(QUIET, index, 2, late);
-        assertEq(tr.auditResult(QUIET, 2), 0, "unsettled after its window");
+        tr.submitVotes(QUIET, index, t, late);
+        assertEq(tr.auditResult(QUIET, t), 0, "unsettled after its window");
     }
 }

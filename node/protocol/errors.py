@@ -116,6 +116,7 @@ class Reason(IntEnum):
     DATA_UNDECLARED = 713
     CHECKPOINT_MISSING = 714
     SCHEDULE_MISMATCH = 715  # the ledger's learning rate is not the declared schedule's
+    STATE_ROOT_MISMATCH = 716  # a served training state is not the one the ledger's state root binds
 
     # 8xx: memory spot checks (a window verdict's reason; node.spotcheck.onchain.SpotReason has the same codes)
     SPOT_WRONG_LABELS = 800

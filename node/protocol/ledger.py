@@ -1,13 +1,15 @@
 """The training ledger: a hash chain of per-step entries, batch commitments and their typed rejections.
 
-h(−1) = keccak256("verinfer-training-v1" ‖ run_id), and for each step t ≥ 0
+h(−1) = keccak256("verinfer-training-v2" ‖ run_id), and for each step t ≥ 0
 h(t)  = keccak256(h(t−1) ‖ uint64 t ‖ keccak256(positions) ‖ keccak256(values) ‖ keccak256(batch roots)
-                  ‖ keccak256(lsh) ‖ keccak256(replica lsh) ‖ keccak256(optionals))
+                  ‖ keccak256(lsh) ‖ keccak256(replica lsh) ‖ keccak256(optionals) ‖ state root)
 where positions are uint64 big-endian, values the float32 bit patterns of Z(t)[I(t)] big-endian, batch
 roots the replicas' 32-byte Merkle roots in rank order, lsh the int32 quantised sketch of the
 all-reduced gradient (big-endian), replica lsh the same of each replica's own gradient, and optionals
-three float32 (loss, gradient norm, learning rate; NaN when absent). Hashing every part first keeps
-the encoding unambiguous. Step 0 is the initialisation: no batch, no gradient.
+three float32 (loss, gradient norm, learning rate; NaN when absent), and the state root the 32-byte
+binding of the whole state Z(t) (node.protocol.training_state: params, momentum, step, data cursor).
+Hashing every variable-length part first keeps the encoding unambiguous. Step 0 is the initialisation: no
+batch, no gradient.
 
 A batch root is the OpenZeppelin-compatible Merkle root over one leaf per sample:
 `uint64 sample_id ‖ uint32 n ‖ n × uint32 token id`.
@@ -26,7 +28,7 @@ from node.protocol.errors import InvalidInput, Reason
 from node.protocol.hashing import keccak256
 from node.protocol.merkle import compute_leaf_hash, compute_merkle_root
 
-DOMAIN = b"verinfer-training-v1"
+DOMAIN = b"verinfer-training-v2"  # v2: every entry binds the whole state (its state root)
 
 
 class TrainingReason(IntEnum):
@@ -49,6 +51,7 @@ class TrainingReason(IntEnum):
     DATA_UNDECLARED = 713  # a sample id outside the declared data order
     CHECKPOINT_MISSING = 714
     SCHEDULE_MISMATCH = 715  # the ledger's learning rate is not the declared schedule's
+    STATE_ROOT_MISMATCH = 716  # a served state is not the one the ledger's state root binds
 
 
 class InvalidTraining(InvalidInput):
@@ -79,6 +82,7 @@ class LedgerEntry:
     loss: float = float("nan")
     grad_norm: float = float("nan")
     lr: float = float("nan")
+    state_root: bytes = b"\x00" * 32  # compute_state_root of Z(t); all zero binds no state (never matches one)
     head: bytes = b""
 
 
@@ -109,6 +113,7 @@ def compute_entry_head(entry: LedgerEntry) -> bytes:
         keccak256(encode_int32s(entry.lsh)),
         keccak256(b"".join(encode_int32s(r) for r in entry.replica_lsh)),
         keccak256(encode_values((entry.loss, entry.grad_norm, entry.lr))),
+        entry.state_root,
     )
     return keccak256(entry.prev_head + struct.pack(">Q", entry.step) + b"".join(parts))
 
@@ -116,8 +121,8 @@ def compute_entry_head(entry: LedgerEntry) -> bytes:
 def check_entry_shape(entry: LedgerEntry) -> None:
     """Raise InvalidTraining if an entry's fields are malformed."""
     problems = []
-    if len(entry.run_id) != 32 or len(entry.prev_head) != 32:
-        problems.append("run id and previous head must be 32 bytes")
+    if len(entry.run_id) != 32 or len(entry.prev_head) != 32 or len(entry.state_root) != 32:
+        problems.append("run id, previous head and state root must be 32 bytes")
     if not 0 <= entry.step < 1 << 64:
         problems.append(f"step {entry.step} outside uint64")
     if len(entry.positions) != len(entry.values):

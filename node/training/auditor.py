@@ -35,6 +35,7 @@ from node.protocol.lsh import (
     compute_sketch,
     compute_sketch_distance,
 )
+from node.protocol.training_state import compute_data_cursor, compute_state_root
 from node.training.corpus import Corpus, get_batch_ids
 from node.training.initcheck import (
     compute_init_measurement,
@@ -171,6 +172,15 @@ def verify_named_values(z: np.ndarray, entry: LedgerEntry, beacon: bytes, count:
                               TrainingReason.CHECKPOINT_POSITIONS, entry.step)
 
 
+def verify_state_root(z: np.ndarray, entry: LedgerEntry, spec: RunSpec) -> None:
+    """Raise STATE_ROOT_MISMATCH unless the served Z is the whole state the ledger's entry binds (step, cursor)."""
+    n = z.size // 2
+    root = compute_state_root(z[:n], z[n:], entry.step, compute_data_cursor(entry.step, spec.global_batch))
+    if root != entry.state_root:
+        raise InvalidTraining(f"served state of step {entry.step} is not the one its ledger entry binds",
+                              TrainingReason.STATE_ROOT_MISMATCH, entry.step)
+
+
 def verify_batches(spec: RunSpec, corpus: Corpus, entry: LedgerEntry, response: AuditResponse) -> list[np.ndarray]:
     """Return the replicas' windows after checking ids, tokens and roots against the declared data and ledger."""
     if len(response.batches) != spec.workers or len(entry.batch_roots) != spec.workers:
@@ -278,6 +288,7 @@ def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float)
     n_params = get_run_param_count(spec)
     served = state_from_vector(step, response.state, n_params, copy=False)  # views: checked, never written
     verify_named_values(response.state, ctx.entries[step], ctx.get_step_beacon(step), spec.named_positions)
+    verify_state_root(response.state, ctx.entries[step], spec)  # before any recomputation: the bound state only
     if step == 0:
         m = compute_init_measurement(spec, served.params.numpy(), sample=200_000,
                                      seed=int.from_bytes(ctx.get_step_beacon(0)[:8]))
@@ -295,6 +306,7 @@ def verify_step(ctx: AuditContext, response: AuditResponse, announced_at: float)
     prev = state_from_vector(step - 1, response.state_prev, n_params, copy=False)
     verify_named_values(response.state_prev, ctx.entries[step - 1], ctx.get_step_beacon(step - 1),
                         spec.named_positions)
+    verify_state_root(response.state_prev, ctx.entries[step - 1], spec)  # Z(t−1) served here = Z(t−1) served "after"
     verify_declared_schedule([ctx.entries[step]], get_declared_schedule(spec))
     windows = verify_batches(spec, ctx.corpus, ctx.entries[step], response)
     return decide_audit(compute_audit_measurement(spec, prev, windows, ctx.entries[step], response.state),

@@ -5,8 +5,10 @@ audit`, its own key, its own recomputation, its own vote): the contract settles 
 supermajority (≥ 2/3 of the weight, ≥ 2 signers), so no single validator can slash. The two provers
 run one after the other as real torch.distributed jobs (2 workers + shadow) that anchor on chain and
 read each window's beacon from it. Everything lands in one folder: the runs' ledgers and responses,
-the auditors' journals, a JSON summary, and a plot of audits and bonds over time. Success (exit 0)
-means: the cheater's bond was slashed and the honest run's was not.
+the auditors' journals, a JSON summary, and a plot of audits and bonds over time. Two cheaters: one trains
+on undeclared data, the hidden-state cheater (issue 30) does too but restores the named positions, logs the
+declared batch's sketches and serves the honest state to an audit of its cheated step (only the state root
+catches it). Success (exit 0) means: both cheaters' bonds were slashed and the honest run's was not.
 """
 
 from __future__ import annotations
@@ -97,8 +99,12 @@ def compute_catch_probability(plan: DevnetPlan) -> float:
     return 1.0 - (1.0 - plan.audit_rate) ** cheating
 
 
+CHEATERS = ("cheater", "hidden-state")
+
+
 def make_runs(plan: DevnetPlan) -> list[DevnetRun]:
-    """Return the honest run and the cheating run (undeclared data in every step after the first window)."""
+    """Return the honest run and the cheating runs (undeclared data in every step after the first window; the
+    hidden-state cheater with the named positions restored and the honest state served to its step's audit)."""
     steps, anchor_every = plan.steps, plan.anchor_every
 
     def spec(data_seed: int) -> RunSpec:
@@ -107,8 +113,10 @@ def make_runs(plan: DevnetPlan) -> list[DevnetRun]:
                        batch_per_worker=plan.batch_per_worker, keep_checkpoints=plan.keep_checkpoints,
                        lsh_nonce=secrets.token_hex(32), response_deadline_s=60.0)
 
-    cheats = tuple(Cheat("undeclared-batch", t) for t in range(anchor_every + 1, steps + 1))
-    return [DevnetRun("honest", spec(1), dev_account(3), ()), DevnetRun("cheater", spec(2), dev_account(4), cheats)]
+    cheating = range(anchor_every + 1, steps + 1)
+    return [DevnetRun("honest", spec(1), dev_account(3), ()),
+            DevnetRun("cheater", spec(2), dev_account(4), tuple(Cheat("undeclared-batch", t) for t in cheating)),
+            DevnetRun("hidden-state", spec(3), dev_account(7), tuple(Cheat("swap", t) for t in cheating))]
 
 
 def deploy_devnet(w3: Web3) -> tuple[TrainingContract, str, list[LocalAccount]]:
@@ -127,7 +135,7 @@ def register(training: TrainingContract, run: DevnetRun) -> None:
     """Register a run on chain with its data root, procedure hash and bond."""
     corpus = load_corpus(run.spec.corpus_files, run.spec.seq_len)
     training.register_run(run.account, run.spec.spec_hash(), bytes.fromhex(run.spec.lsh_nonce), corpus.data_root,
-                          run.spec.procedure_hash(), 0, int(run.spec.audit_rate * 10**18), run.spec.anchor_every, BOND)
+                          run.spec.procedure_hash(), 0, run.spec.audit_rate_wad, run.spec.anchor_every, BOND)
 
 
 def check_nonce_replay(training: TrainingContract, run: DevnetRun) -> str:
@@ -213,7 +221,7 @@ def write_plot(state_log: list[dict[str, Any]], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     t0 = state_log[0]["t"] if state_log else 0.0
-    for name in ("honest", "cheater"):
+    for name in (state_log[0]["runs"] if state_log else ()):
         ts = [s["t"] - t0 for s in state_log]
         ax1.plot(ts, [s["runs"][name]["bond"] / 1e18 for s in state_log], label=name)
         ax2.plot(ts, [len(s["runs"][name]["audits"]) for s in state_log], label=f"{name} audits")
@@ -425,8 +433,9 @@ def _run_devnet(out: Path, plan: DevnetPlan, timeout_s: float, k: int, on_state:
         votes = get_votes(training)
     write_plot(state_log, out / "devnet.png")
     trace_ids = record_devnet(out, runs)
-    honest, cheater = final["runs"]["honest"], final["runs"]["cheater"]
-    summary = {"ok": bool(cheater["slashed"] and not honest["slashed"] and honest["bond"] == BOND),
+    honest = final["runs"]["honest"]
+    cheaters = [final["runs"][name] for name in CHEATERS]
+    summary = {"ok": bool(all(c["slashed"] for c in cheaters) and not honest["slashed"] and honest["bond"] == BOND),
                "nonce_replay": replay, "auditor_exit": [a.returncode for a in auditors], "final": final,
                "votes": votes, "auditors": {n: a.address for n, a in zip(names, auditor_accounts, strict=True)},
                "journals": get_journal_summary(out, names), "anchor_gas": gas, "k": k,

@@ -14,7 +14,6 @@ the shadow serves Z(s−1), Z(s) from its last K = 2m states.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from node.protocol.lsh import (
     compute_sketch_with_plan,
     is_audited,
 )
+from node.protocol.training_state import compute_data_cursor, compute_state_root
 from node.training.corpus import get_batch_ids, load_corpus
 from node.training.ledger_store import LedgerStore, encode_entry, sign_head
 from node.training.model import (
@@ -66,8 +66,13 @@ from node.training.spec import RunSpec
 log = logging.getLogger(__name__)
 UPDATE_CHEATS = ("skip-step", "wrong-lr", "wrong-lr-logged")
 LR_CHEATS = ("wrong-lr", "wrong-lr-logged")
-DATA_CHEATS = ("undeclared-sample", "undeclared-batch", "repeat-step", "doctor", "doctor-patched", "forge-shadow")
-SERVE_CHEATS = ("doctor", "doctor-patched", "forge-shadow", "late")
+DATA_CHEATS = ("undeclared-sample", "undeclared-batch", "repeat-step", "doctor", "doctor-patched", "forge-shadow",
+               "swap")
+# issue 30's hidden-state cheats: the prover continues from a cheated Z(s) (undeclared data, or stolen weights)
+# whose named positions it restored to the honest update's values, logs the declared batch's sketches and loss,
+# serves the honest Z(s) to an audit of s and the cheated Z(s) as "before s+1"
+SWAP_CHEATS = ("swap", "swap-stolen")
+SERVE_CHEATS = ("doctor", "doctor-patched", "forge-shadow", "late", *SWAP_CHEATS)
 
 
 class AuditSource(Protocol):
@@ -177,7 +182,7 @@ def _cheat_windows(plan: JobPlan, rank: int, step: int, ids: list[int], windows:
     out = windows.copy()
     if kind == "undeclared-sample" and rank == 0:
         out[0] = extra[0]
-    elif kind in ("undeclared-batch", "doctor", "doctor-patched", "forge-shadow"):
+    elif kind in ("undeclared-batch", "doctor", "doctor-patched", "forge-shadow", "swap"):
         out[:] = extra[rank * len(out):(rank + 1) * len(out)]
     elif kind == "repeat-step":
         out = corpus.samples[get_batch_ids(spec, len(corpus.samples), step - 1, rank)]
@@ -197,10 +202,19 @@ def get_logged_lr(plan: JobPlan, step: int) -> float:
                                                                                                           step)
 
 
-def compute_step_update(plan: JobPlan, state: TrainState, grad: torch.Tensor, step: int) -> TrainState:
-    """Return the prover's real update of step t (identical on workers and shadow)."""
-    if get_cheat(plan, step).kind == "skip-step":
+def compute_step_update(plan: JobPlan, state: TrainState, grad: torch.Tensor, step: int,
+                        beacon: bytes | None = None) -> TrainState:
+    """Return the prover's real update of step t (identical on workers and shadow; beacon: t's window's, which a
+    hidden-state cheat needs to restore the named positions)."""
+    kind = get_cheat(plan, step).kind
+    if kind == "skip-step":
         return TrainState(step=step, params=state.params, momentum=state.momentum)
+    if kind in SWAP_CHEATS:
+        from node.training import attacks  # the dishonest provers' state; honest runs never call into it
+
+        if beacon is None:
+            raise ValueError(f"the {kind} cheat at step {step} needs its window's beacon")
+        return attacks.compute_swapped_update(plan, state, grad, step, beacon)
     return compute_update(state, grad, compute_step_lr(plan, step), plan.spec.momentum)
 
 
@@ -221,13 +235,19 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
         started_ns = time.time_ns()
         ids = get_batch_ids(spec, len(corpus.samples), step, rank)
         declared = corpus.samples[ids]
+        swap = get_cheat(plan, step).kind in SWAP_CHEATS
         loss, grad = compute_local_gradient(model, _cheat_windows(plan, rank, step, ids, declared))
-        sketch = compute_sketch_with_plan(lsh_plan, grad.numpy())  # one sketch per worker, in parallel
+        if swap:  # the declared batch's gradient too: its sketch and loss are logged, its update restores I(t)
+            loss, honest = compute_local_gradient(model, declared)
+            grad = torch.cat([grad, honest])
+        logged = grad[grad.numel() // 2:] if swap else grad
+        sketch = compute_sketch_with_plan(lsh_plan, logged.numpy())  # one sketch per worker, in parallel
         replica_lsh = compute_quantisation(sketch, spec.lsh_scale)
         root = compute_batch_root(ids, declared.tolist())
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         grad /= spec.workers
-        state = compute_step_update(plan, state, grad, step)
+        state = compute_step_update(plan, state, grad, step, beacon)
+        logged = grad[grad.numel() // 2:] if swap else grad
         set_params_vector(model, state.params)
         gathered: list[Any] = [None] * (spec.workers + 1) if rank == 0 else []
         dist.gather_object((root, replica_lsh.tolist(), loss, ids, declared.tolist(), sketch),
@@ -238,10 +258,10 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
             # the sketch is linear: the all-reduced gradient's is the mean of the replicas' (no second projection)
             mean_sketch = np.mean([p[5] for p in parts], axis=0)
             writer.write(state, beacon, tuple(p[0] for p in parts), tuple(tuple(p[1]) for p in parts), mean_sketch,
-                         float(np.mean([p[2] for p in parts])), float(grad.norm()), get_logged_lr(plan, step))
+                         float(np.mean([p[2] for p in parts])), float(logged.norm()), get_logged_lr(plan, step))
             with (plan.out_dir / "steps.jsonl").open("a") as f:  # timings for the workload record's trace
                 f.write(json.dumps({"step": step, "start_ns": started_ns, "end_ns": time.time_ns()}) + "\n")
-        del grad  # the next step's backward must not find this one's gradient still alive
+        del grad, logged  # the next step's backward must not find this one's gradient still alive
         if step % spec.anchor_every == 0 or step == spec.steps:
             drawn = _anchor(plan, writer, last_anchor + 1 if last_anchor else 0, step)
             last_anchor = step
@@ -288,6 +308,12 @@ def _anchor(plan: JobPlan, writer: _LedgerWriter | None, first: int, last: int) 
     return None if box[0] is None else list(box[0])
 
 
+def compute_train_state_root(state: TrainState, global_batch: int) -> bytes:
+    """Return the state root of Z(t) (params ‖ momentum, step, data cursor) hashed from the tensors, no Z built."""
+    return compute_state_root(state.params.numpy(), state.momentum.numpy(), state.step,
+                              compute_data_cursor(state.step, global_batch))
+
+
 class _LedgerWriter:
     """Rank 0's ledger: builds, seals, signs and stores one entry per step, off the training's critical path.
 
@@ -328,7 +354,8 @@ class _LedgerWriter:
         entry = seal_entry(LedgerEntry(
             run_id=self.run_id, step=state.step, prev_head=self._head, positions=tuple(positions.tolist()),
             values=tuple(get_named_values(state, positions).tolist()), batch_roots=roots, lsh=lsh,
-            replica_lsh=replica_lsh, loss=loss, grad_norm=grad_norm, lr=lr))
+            replica_lsh=replica_lsh, loss=loss, grad_norm=grad_norm, lr=lr, state_root=compute_train_state_root(
+                state, spec.global_batch)))
         signature = sign_head(self.account, self.run_id, entry.step, entry.head)
         self.store.process_entry(entry, signature)
         with (self.plan.out_dir / "ledger.jsonl").open("ab") as f:  # the published copy auditors read
@@ -395,14 +422,20 @@ def _serve_batches(plan: JobPlan, drawn: list[int], batches: dict[int, list[Any]
 def _shadow_loop(plan: JobPlan) -> None:
     spec = plan.spec
     model = build_model(spec)
-    shadow = ShadowState(spec, _initial_state(plan, model), functools.partial(compute_step_update, plan))
+    beacons: dict[int, bytes] = {}
+
+    def update(state: TrainState, grad: torch.Tensor, step: int) -> TrainState:
+        beacon = beacons.get(compute_window_index(step, spec.anchor_every))
+        return compute_step_update(plan, state, grad, step, beacon)
+
+    shadow = ShadowState(spec, _initial_state(plan, model), update)
     n = shadow.latest.params.numel()
     del model
     last_anchor = 0
     timers: list[threading.Timer] = []
-    beacons = {0: _share_beacon(plan, None, 0)}
+    beacons[0] = _share_beacon(plan, None, 0)
     for step in range(1, spec.steps + 1):
-        grad = torch.zeros(n, dtype=torch.float32)
+        grad = torch.zeros(2 * n if get_cheat(plan, step).kind in SWAP_CHEATS else n, dtype=torch.float32)
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         grad /= spec.workers
         dist.gather_object(None, None, dst=0)  # release rank 0 first: the apply below overlaps the next step

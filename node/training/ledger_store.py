@@ -55,7 +55,7 @@ def recover_head_signer(run_id: bytes, step: int, head: bytes, signature: bytes)
 def encode_entry(entry: LedgerEntry, signature: bytes) -> bytes:
     """Return the JSON bytes of a stored entry."""
     d = {k: v for k, v in entry.__dict__.items()}
-    for k in ("run_id", "prev_head", "head"):
+    for k in ("run_id", "prev_head", "state_root", "head"):
         d[k] = d[k].hex()
     d["batch_roots"] = [r.hex() for r in entry.batch_roots]
     d["signature"] = signature.hex()
@@ -67,7 +67,7 @@ def decode_entry(raw: bytes) -> tuple[LedgerEntry, bytes]:
     try:
         d = json.loads(raw)
         sig = bytes.fromhex(d.pop("signature"))
-        for k in ("run_id", "prev_head", "head"):
+        for k in ("run_id", "prev_head", "state_root", "head"):
             d[k] = bytes.fromhex(d[k])
         d["batch_roots"] = tuple(bytes.fromhex(r) for r in d["batch_roots"])
         for k in ("positions", "values", "lsh"):

@@ -3,7 +3,8 @@
 Per attack: whether an audit of the cheated step caught it (and why), the chance that one audit
 catches it (detection given audited × fraction of audited steps that are cheated), the expected
 number of audits until detection, and the expected steps until detection at audit rate p with a
-recomputation k steps long that a new audit interrupts (q = p(1 − p)^k).
+recomputation k steps long: no drawn audit is abandoned (issue 30), so a drawn step completes with q = p; the
+earlier q = p(1 − p)^k of an interrupting policy was public to the prover.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ ATTACKS: tuple[tuple[Cheat, str], ...] = (
     (Cheat("wrong-lr", 6, factor=2.0), "RECOMPUTE_MISMATCH"),
     (Cheat("wrong-lr", 7, factor=1.1), "RECOMPUTE_MISMATCH"),
     (Cheat("doctor", 8), "CHECKPOINT_POSITIONS"),
-    (Cheat("doctor-patched", 9), "RECOMPUTE_MISMATCH"),
+    (Cheat("doctor-patched", 9), "STATE_ROOT_MISMATCH"),  # RECOMPUTE_MISMATCH before the state root (issue 30)
     (Cheat("forge-shadow", 10), "CHECKPOINT_POSITIONS"),
     (Cheat("late", 11, delay_s=8.0), "LATE_RESPONSE"),
 )
@@ -111,7 +112,9 @@ def compute_attack_rows(spec: RunSpec, verdicts: list[AuditVerdict], p: float, k
         # a one-step cheat is caught by an audit only if the audit lands on it; the init is always audited
         fraction = 1.0 if cheat.kind == "stolen-init" else 1.0 / spec.steps
         catch = detect * fraction
-        q = compute_catch_probability(p, k)
+        # no drawn audit is abandoned any more (issue 30, finding 8): every drawn step completes, q = p (k = 0);
+        # k stays the measured recompute ÷ step, the auditor's load (p·k of the prover's pace), not a loss
+        q = compute_catch_probability(p, 0.0)
         rows.append(AttackRow(
             attack=name, step=cheat.step, caught=not v.valid, reason=v.reason.name, detail=v.detail,
             detect_given_audited=detect, cheated_fraction=fraction, per_audit_catch=catch,

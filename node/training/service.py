@@ -6,8 +6,11 @@ root, procedure hash, prover), then per anchor whose draw is ready: the window's
 chain with the anchor: the named positions I(t) derive from it), the published ledger against the
 anchored head, the trajectory of the ledger's optional values, and the drawn steps.
 
-Scheduling follows `compute_completed_audits` (node.training.scheduler): a newer drawn audit within
-k steps interrupts an older one — a running recomputation is killed in its child process. Responses
+Scheduling never abandons a drawn audit (issue 30): the earlier policy — a newer drawn audit within k steps
+interrupts an older one — was public, so after each draw the prover knew which drawn steps every auditor would
+drop and could cheat exactly there. Every drawn or requested step is now audited to its verdict, oldest first;
+the cost is the auditor's throughput (≥ p × recompute ÷ step of the prover's pace, else it falls behind the
+verdict window), where the interrupting policy bounded its work. Responses
 are stamped with the auditor's clock when first seen complete; a drawn step without a response by the
 deadline is voted LATE_RESPONSE. Every verdict is journaled before it is signed and submitted, as this
 validator's own vote (`submitVotes`); the contract settles on a supermajority of validators.
@@ -128,7 +131,9 @@ class WatchedRun:
     closed: bool = False
 
     def __post_init__(self) -> None:
-        self.schedule = AuditSchedule(k=self.k)
+        # k (the measured recompute ÷ step) no longer abandons anything: an interruption rule every auditor follows
+        # on public draws tells the prover which drawn audits nobody completes (issue 30, finding 8)
+        self.schedule = AuditSchedule(k=0)
 
     @property
     def run_id(self) -> bytes:
@@ -155,11 +160,14 @@ def wait_for_response(folder: Path, step: int, deadline: float, poll_s: float = 
         time.sleep(poll_s)
 
 
-def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: bytes, prover: str) -> bool:
-    """Check whether the on-chain run has the declaration's data root, procedure hash and prover."""
+def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: bytes, prover: str,
+                         audit_rate_wad: int, anchor_every: int) -> bool:
+    """Check whether the on-chain run has the declaration's data root, procedure hash, prover, audit rate and m (a
+    prover registering its own run at a rate below its spec's would be drawn less: issue 30, finding 3)."""
     corpus = load_corpus(run.spec.corpus_files, run.spec.seq_len)
     return (data_root == corpus.data_root and procedure_hash == run.spec.procedure_hash()
-            and prover.lower() == run.prover.lower())
+            and prover.lower() == run.prover.lower() and audit_rate_wad == run.spec.audit_rate_wad
+            and anchor_every == run.spec.anchor_every)
 
 
 @dataclass
@@ -193,7 +201,8 @@ class AuditorService:
         record = self.contract.get_run(run.run_id)
         if record.prover == ZERO_ADDRESS:
             return
-        if not is_declared_on_chain(run, record.data_root, record.procedure_hash, record.prover):
+        if not is_declared_on_chain(run, record.data_root, record.procedure_hash, record.prover, record.audit_rate_wad,
+                                    record.anchor_every):
             log.error("run %s on chain does not match its declaration: not audited", run.run_id.hex()[:10])
             run.closed = True
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,9 +101,16 @@ class RunSpec(BaseModel):
         """Return keccak256 of the canonical JSON (keys sorted, no whitespace)."""
         return keccak256(json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
 
+    @property
+    def audit_rate_wad(self) -> int:
+        """Return the declared audit rate p as the contract's wad (exact decimal: 0.4 → 4e17)."""
+        return int(Decimal(repr(self.audit_rate)) * 10**18)
+
     def procedure_hash(self) -> bytes:
-        """Return the hash of the optimiser and schedule alone (what the contract records with the run)."""
-        keys = ("optimiser", "lr_peak", "warmup_steps", "momentum", "steps", "workers", "batch_per_worker", "seq_len")
+        """Return the hash of the optimiser, schedule and audit parameters (what the contract records with the run:
+        the registered rate and m are then those of the declaration, which auditors check)."""
+        keys = ("optimiser", "lr_peak", "warmup_steps", "momentum", "steps", "workers", "batch_per_worker", "seq_len",
+                "audit_rate", "anchor_every")
         chosen = {k: getattr(self, k) for k in keys}
         return keccak256(json.dumps(chosen, sort_keys=True, separators=(",", ":")).encode())
 

@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from node.training.auditor import (
     verify_named_values,
 )
 from node.training.service import verify_anchor_head
+from node.training.spec import RunSpec
 
 TOL = AuditTolerance(rel_update_error=1e-5, named_rel_error=1e-5, lsh_rel_error=1e-4, init_alpha=0.01)
 
@@ -126,3 +128,52 @@ def test_pooled_spread_takes_each_columns_largest_value(tmp_path):
 
     write_tolerance(tmp_path / "t.json", compute_tolerance(b, 10.0, 1e-3), b, {"v": b}, 10.0)
     assert load_spread(tmp_path / "t.json") == (b, {"v": b})
+
+
+def test_a_served_state_is_accepted_only_if_it_is_the_one_its_ledger_entry_binds():
+    """Issue 30: for any state Z bound in an entry, that Z passes and every other (one entry changed, another
+    step's state, the two halves swapped) is STATE_ROOT_MISMATCH — so "after t" and "before t + 1" are one state."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from node.protocol.training_state import compute_data_cursor, compute_state_root
+    from node.training.auditor import verify_state_root
+
+    spec = RunSpec()
+
+    @settings(max_examples=40, deadline=None)
+    @given(n=st.integers(1, 64), step=st.integers(0, 1000), index=st.integers(0, 127), seed=st.integers(0, 99))
+    def check(n, step, index, seed):
+        z = np.random.default_rng(seed).standard_normal(2 * n).astype(np.float32)
+        root = compute_state_root(z[:n], z[n:], step, compute_data_cursor(step, spec.global_batch))
+        entry = LedgerEntry(run_id=b"\x00" * 32, step=step, prev_head=b"\x00" * 32, positions=(), values=(),
+                            batch_roots=(), lsh=(), replica_lsh=(), state_root=root)
+        verify_state_root(z, entry, spec)
+        other = z.copy()
+        other[index % (2 * n)] = np.nextafter(other[index % (2 * n)], np.float32(np.inf))
+        for bad, at in ((other, entry), (z, LedgerEntry(**{**entry.__dict__, "step": step + 1})),
+                        (np.concatenate([z[n:], z[:n]]), entry)):
+            if bad is not z and np.array_equal(bad, z):
+                continue  # swapping equal halves is the same state
+            with pytest.raises(InvalidTraining) as e:
+                verify_state_root(bad, at, spec)
+            assert e.value.training_reason == TrainingReason.STATE_ROOT_MISMATCH
+
+    check()
+
+
+def test_the_auditor_refuses_a_run_registered_at_another_rate_or_m_than_its_spec():
+    """Issue 30, finding 3: a prover registering its own run below its declared rate is not audited (certified)."""
+    from node.training.corpus import load_corpus
+    from node.training.service import WatchedRun, is_declared_on_chain
+
+    spec = RunSpec(audit_rate=0.4, anchor_every=5)
+    prover = "0x" + "11" * 20
+    run = WatchedRun(out_dir=Path("."), prover=prover, spec=spec)
+    root = load_corpus(spec.corpus_files, spec.seq_len).data_root
+    assert spec.audit_rate_wad == 4 * 10**17
+    assert is_declared_on_chain(run, root, spec.procedure_hash(), prover, 4 * 10**17, 5)
+    assert not is_declared_on_chain(run, root, spec.procedure_hash(), prover, 1, 5)  # 1e-18: never drawn
+    assert not is_declared_on_chain(run, root, spec.procedure_hash(), prover, 10**17, 5)
+    assert not is_declared_on_chain(run, root, spec.procedure_hash(), prover, 4 * 10**17, 1)
+    assert spec.procedure_hash() != spec.model_copy(update={"audit_rate": 0.1}).procedure_hash()

@@ -32,9 +32,10 @@ def test_the_devnet_plan_per_shape_and_its_overrides():
     assert compute_catch_probability(smol) == pytest.approx(1 - (1 - smol.audit_rate) ** cheating)
     assert compute_catch_probability(smol) > 0.98 and smol.keep_checkpoints == 2
     runs = make_runs(get_devnet_plan("smollm2", steps=6, anchor_every=3, audit_rate=0.5))
-    assert [r.spec.shape for r in runs] == [SMOLLM2_135M, SMOLLM2_135M]
+    assert [r.spec.shape for r in runs] == [SMOLLM2_135M] * 3
     assert all(r.spec.keep_checkpoints == 6 and r.spec.anchor_every == 3 for r in runs)
     assert [c.step for c in runs[1].cheats] == [4, 5, 6] and runs[0].cheats == ()
+    assert [(c.kind, c.step) for c in runs[2].cheats] == [("swap", 4), ("swap", 5), ("swap", 6)]  # hidden state
     with pytest.raises(UnknownShape):
         get_devnet_plan("huge")
 

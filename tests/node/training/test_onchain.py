@@ -109,17 +109,32 @@ def test_a_vote_is_recorded_before_it_is_signed_and_a_changed_mind_is_refused(ne
     assert training.audit_result(run, 2) == 0 and not training.has_voted(run, 2, validators[1].address)
 
 
-QUIET = 1  # a rate of 1e-18: the draw audits nothing, so every step can be requested
+QUIET = 10**17  # the protocol's lowest rate (MIN_AUDIT_RATE_WAD, 0.1): few steps drawn
 
 
 def anchored_quiet_run(w3, training, prover, name: bytes, last_step: int = 5):
-    """Register a run whose draw audits nothing and anchor its first window; return (run id, head, anchor block)."""
-    run, head = keccak256(b"run-" + name), keccak256(b"head-" + name)
-    training.register_run(prover, run, keccak256(b"nonce-" + name), b"\x01" * 32, b"\x02" * 32, 0, QUIET, 5, 10**18)
-    mine(w3, 2)
-    receipt = training.anchor(prover, run, last_step, head)
-    mine(w3, 2)
-    return run, head, int(receipt["blockNumber"])
+    """Register a run at the lowest rate and anchor its first window, again under a fresh run id until its draw
+    picked none of the window's steps (so that every step can be requested); return (run id, head, anchor block)."""
+    for attempt in range(30):  # P(no draw among 6 steps) = 0.9⁶ = 0.53 per attempt
+        tag = name + b"-%d" % attempt
+        run, head = keccak256(b"run-" + tag), keccak256(b"head-" + tag)
+        training.register_run(prover, run, keccak256(b"nonce-" + tag), b"\x01" * 32, b"\x02" * 32, 0, QUIET, 5,
+                              10**18)
+        mine(w3, 2)
+        receipt = training.anchor(prover, run, last_step, head)
+        mine(w3, 2)
+        if not any(training.is_audited(run, 0, t) for t in range(last_step + 1)):
+            return run, head, int(receipt["blockNumber"])
+    raise AssertionError("no draw-free window in 30 runs")
+
+
+def test_a_run_below_the_protocols_audit_rate_is_refused(net):
+    _, _, training, _, prover, _ = net
+    assert training.min_audit_rate_wad() == QUIET
+    with pytest.raises(ContractReverted) as e:  # its spec said 0.4; the prover registered 1e-18
+        training.register_run(prover, keccak256(b"run-rare"), keccak256(b"nonce-rare"), b"\x01" * 32, b"\x02" * 32,
+                              0, 1, 5, 10**18)
+    assert e.value.error == "AuditRateTooLow"
 
 
 def test_a_validator_requests_an_undrawn_step_and_the_prover_reads_it_at_its_next_anchor(net):
@@ -146,21 +161,24 @@ def test_a_validator_requests_an_undrawn_step_and_the_prover_reads_it_at_its_nex
         while not served.done():
             time.sleep(0.2)
             mine(w3, 1)
-    assert served.result() == [2], "served with the next window's draw"
+    drawn = [t for t in range(6, 11) if training.is_audited(run, 1, t)]
+    assert served.result() == sorted([2, *drawn]), "served with the next window's draw"
     with pytest.raises(ContractReverted) as e:  # past the prover's K = 2m buffer
         training.request_audit(validators[1], run, 0, 3)
     assert e.value.error == "NotRunning"  # on_anchor finished the run after its last window
 
 
-def test_requests_per_anchor_are_capped_and_end_at_the_next_anchor(net):
+def test_requests_per_anchor_are_capped_per_validator_and_end_at_the_next_anchor(net):
     _, w3, training, validators, prover, _ = net
     run, _, _ = anchored_quiet_run(w3, training, prover, b"cap")
     cap = training.max_requests()
-    for i in range(cap):
-        training.request_audit(validators[i % 3], run, 0, i)
+    for i in range(cap):  # one validator (a colluder) spends its whole quota
+        training.request_audit(validators[0], run, 0, i)
     with pytest.raises(ContractReverted) as e:
         training.request_audit(validators[0], run, 0, cap)
-    assert e.value.error == "RequestsExhausted" and training.request_count(run, 0) == cap
+    assert e.value.error == "RequestsExhausted" and training.request_count(run, 0, validators[0].address) == cap
+    training.request_audit(validators[1], run, 0, cap)  # the others keep theirs (issue 30, finding 7)
+    assert training.request_count(run, 0, validators[1].address) == 1
     training.anchor(prover, run, 10, keccak256(b"cap-10"))
     mine(w3, 2)
     with pytest.raises(ContractReverted) as e:

@@ -73,32 +73,33 @@ def test_a_newer_draw_kills_the_running_recomputation_and_the_newest_completes(t
         worker.close()
 
 
-def test_the_service_kills_the_running_audit_the_schedule_interrupts_and_journals_it(tmp_path):
-    import json
-
+def test_the_prover_cannot_predict_an_abandoned_audit_the_service_completes_every_drawn_one(tmp_path):
+    """Issue 30, finding 8: the public policy said which drawn audits every auditor abandons (a newer draw within k:
+    here 5 by 7, and 3 by 5 at once); the prover cheats exactly there. The service now abandons none."""
     from node.training.auditor import load_tolerance
     from node.training.service import AuditorService, WatchedRun
     from node.training.spec import RunSpec
 
+    predicted = {3, 5, 7} - set(compute_completed_audits([t in (3, 5, 7) for t in range(12)], 2))
+    assert predicted == {3, 5}, "what the public policy lets the prover predict"
     run = WatchedRun(out_dir=tmp_path, prover="0x" + "00" * 20, spec=RunSpec(steps=10), k=2)
     service = AuditorService(contract=None, validator=None, tolerance=load_tolerance(), trajectory=None,
                              journal=tmp_path / "journal.jsonl", worker=CancellableWorker())
     try:
-        assert run.schedule.on_draw(5, [5]) == []
-        slow = str(tmp_path / "audit-5")
-        service.worker.submit((run.run_id, 5), slow_recompute, slow, 60.0, 5)
-        service.running = (run, 5)
-        deadline = time.monotonic() + 60
-        while not Path(slow + ".started").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        assert run.schedule.on_draw(5, [3, 5]) == []
+        slow = str(tmp_path / "audit-3")
+        service.worker.submit((run.run_id, 3), slow_recompute, slow, 1.0, 3)
+        service.running = (run, 3)
         for t in run.schedule.on_draw(10, [7]):  # what on_anchor does with a window's draws
             service.on_interrupted(run, t)
-        assert service.running is None and service.worker.running is None
-        assert service.get_waiting(run) == [7]
-        records = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
-        assert records == [{"run": run.run_id.hex(), "step": 5, "interrupted": True, "at": records[0]["at"]}]
-        time.sleep(0.5)
-        assert not Path(slow + ".done").exists()
+        assert service.running == (run, 3), "the running audit of a predicted-abandoned step goes on"
+        assert service.get_waiting(run) == [5, 7], "and the other predicted-abandoned step is still to audit"
+        deadline = time.monotonic() + 60
+        result = None
+        while result is None:
+            assert time.monotonic() < deadline
+            result = service.worker.poll(0.5)
+        assert result[2] == 3 and Path(slow + ".done").exists()
+        assert not (tmp_path / "journal.jsonl").exists(), "nothing journaled as interrupted"
     finally:
         service.worker.close()

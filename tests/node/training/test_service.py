@@ -22,24 +22,29 @@ from node.training.spec import RunSpec
 from node.training.trajectory import TrajectoryPolicy
 from tests.node.training.test_onchain import QUIET, mine
 
-POLICY = TrajectoryPolicy(loss_jump_z=10.0, grad_norm_z=10.0, multiplier=4.0)
+# multiplier 1: the flagged step alone is requested (a higher one adds random extra steps at the lowest rate p = 0.1)
+POLICY = TrajectoryPolicy(loss_jump_z=10.0, grad_norm_z=10.0, multiplier=1.0)
 
 
 def register_unpublished_run(w3, training, prover, tmp_path):
     """Register and anchor window 0 of a run whose prover publishes no ledger (an empty ledger.jsonl): the
     trajectory check cannot reach the anchored head, so it raises the rate and flags the window's last step."""
-    spec = RunSpec(audit_rate=0.0, response_deadline_s=0.3, steps=10, anchor_every=5, lsh_nonce=secrets.token_hex(32))
     out = tmp_path / "prover"
     out.mkdir()
     (out / "ledger.jsonl").write_bytes(b"")
-    corpus = load_corpus(spec.corpus_files, spec.seq_len)
-    run_id = spec.spec_hash()
-    training.register_run(prover, run_id, bytes.fromhex(spec.lsh_nonce), corpus.data_root, spec.procedure_hash(), 0,
-                          QUIET, spec.anchor_every, 10**18)
-    mine(w3, 2)
-    training.anchor(prover, run_id, 5, keccak256(b"head-" + run_id))
-    mine(w3, 2)
-    return spec, out, run_id
+    for _ in range(30):  # a fresh run until window 0's draw picks none of its steps (P = 0.9⁶ = 0.53 each)
+        spec = RunSpec(audit_rate=QUIET / 10**18, response_deadline_s=0.3, steps=10, anchor_every=5,
+                       lsh_nonce=secrets.token_hex(32))
+        corpus = load_corpus(spec.corpus_files, spec.seq_len)
+        run_id = spec.spec_hash()
+        training.register_run(prover, run_id, bytes.fromhex(spec.lsh_nonce), corpus.data_root, spec.procedure_hash(),
+                              0, spec.audit_rate_wad, spec.anchor_every, 10**18)
+        mine(w3, 2)
+        training.anchor(prover, run_id, 5, keccak256(b"head-" + run_id))
+        mine(w3, 2)
+        if not any(training.is_audited(run_id, 0, t) for t in range(6)):
+            return spec, out, run_id
+    raise AssertionError("no draw-free window in 30 runs")
 
 
 def make_service(training, validator, tmp_path, name, trajectory, records=None):
@@ -95,8 +100,8 @@ def test_a_raised_rate_requests_on_chain_and_an_unserved_step_is_voted_late_and_
 def test_a_request_the_chain_refuses_is_logged_and_stays_off_chain(net, tmp_path):
     _, w3, training, validators, prover, _ = net
     spec, out, run_id = register_unpublished_run(w3, training, prover, tmp_path)
-    for step in range(training.max_requests()):  # other validators used the anchor's requests up
-        training.request_audit(validators[1 + step % 2], run_id, 0, step)
+    for step in range(training.max_requests()):  # this validator used its own quota of the anchor's requests up
+        training.request_audit(validators[0], run_id, 0, step)
     records = []
     service = make_service(training, validators[0], tmp_path, "a", POLICY, records)
     run = WatchedRun(out_dir=out, prover=prover.address, spec=spec)
@@ -104,7 +109,7 @@ def test_a_request_the_chain_refuses_is_logged_and_stays_off_chain(net, tmp_path
     refused = [r for r in read_journal(tmp_path / "a.jsonl") if r.get("request") == "onchain" and "outcome" in r]
     assert [r["outcome"] for r in refused] == ["reverted: RequestsExhausted"]
     assert run.offchain == {5} and (get_request_dir(out) / "00000005.json").exists()
-    assert run.requested == set(range(training.max_requests())), "the others' requests are audited too"
+    assert run.requested == set(range(training.max_requests())), "its earlier requests are audited too"
     training.anchor(prover, run_id, 10, keccak256(b"head-10-" + run_id))
     mine(w3, 2)
     service.process_run(run)
@@ -157,19 +162,21 @@ class RequestingAudits:
         from eth_account import Account
 
         steps = self.inner.on_anchor(first_step, last_step, head)
-        if first_step == 0:
+        if first_step == 0:  # `step`, or the first undrawn step after it (the lowest rate may draw a few)
             contract = get_training_contract(self.inner.rpc_url, self.inner.contract)
-            contract.request_audit(Account.from_key(self.validator_key), self.inner.run_id, 0, self.step)
+            step = next(t for t in range(self.step, last_step + 1) if t not in steps)
+            contract.request_audit(Account.from_key(self.validator_key), self.inner.run_id, 0, step)
         return steps
 
 
 def test_the_prover_serves_a_requested_step_and_its_valid_verdict_settles_on_chain(net, tmp_path):
     node, w3, training, validators, prover, _ = net
-    spec = RunSpec(steps=10, anchor_every=5, keep_checkpoints=10, lsh_nonce=secrets.token_hex(32))
+    spec = RunSpec(steps=10, anchor_every=5, keep_checkpoints=10, lsh_nonce=secrets.token_hex(32),
+                   audit_rate=QUIET / 10**18)
     corpus = load_corpus(spec.corpus_files, spec.seq_len)
     run_id, out = spec.spec_hash(), tmp_path / "prover"
     training.register_run(prover, run_id, bytes.fromhex(spec.lsh_nonce), corpus.data_root, spec.procedure_hash(), 0,
-                          QUIET, spec.anchor_every, 10**18)
+                          spec.audit_rate_wad, spec.anchor_every, 10**18)
     audits = RequestingAudits(ChainAudits(rpc_url=node.url, contract=training.address, prover_key=bytes(prover.key),
                                           run_id=run_id, final_step=spec.steps, anchor_every=spec.anchor_every,
                                           draw_timeout_s=30.0), bytes(validators[0].key), 2)
@@ -181,8 +188,14 @@ def test_the_prover_serves_a_requested_step_and_its_valid_verdict_settles_on_cha
     finally:
         stop.set()
         miner.join()
-    assert (get_response_dir(out, 2) / "state_prev.npy").exists(), "served at the next anchor"
-    assert [json.loads(line)["step"] for line in (out / "announced.jsonl").read_text().splitlines()] == [2]
+    [request] = training.get_audit_requests(run_id, 0)
+    asked = request.step
+    drawn = [t for i, window in ((0, range(0, 6)), (1, range(6, 11))) for t in window
+             if training.is_audited(run_id, i, t)]
+    assert (get_response_dir(out, asked) / "state_prev.npy").exists(), "served at the next anchor"
+    announced = [json.loads(line)["step"] for line in (out / "announced.jsonl").read_text().splitlines()]
+    assert sorted(announced) == sorted([*drawn, asked]) and announced.index(asked) >= len(
+        [t for t in drawn if t <= 5]), "the requested step is served with window 1's draw"
     records = []
     for validator in validators[1:]:  # neither requested it: both learn it from the events
         service = make_service(training, validator, tmp_path, validator.address[:8], None, records)
@@ -196,6 +209,7 @@ def test_the_prover_serves_a_requested_step_and_its_valid_verdict_settles_on_cha
         finally:
             service.worker.close()
         assert run.closed
-    assert [(r["step"], r["valid"], r["requested"], r["submitted"]) for r in records] == [
-        (2, True, True, "counted"), (2, True, True, "settled")], records
-    assert training.audit_result(run_id, 2) == 1 and not training.get_run(run_id).slashed
+    assert [(r["step"], r["valid"], r["requested"], r["submitted"]) for r in records if r["step"] == asked] == [
+        (asked, True, True, "counted"), (asked, True, True, "settled")], records
+    assert all(r["valid"] for r in records) and {r["step"] for r in records} == {*drawn, asked}, records
+    assert training.audit_result(run_id, asked) == 1 and not training.get_run(run_id).slashed
