@@ -28,8 +28,9 @@ from typing import Any
 
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
+from web3.types import RPCEndpoint
 
-from chain.contracts import HubConfig, Role
+from chain.contracts import WEIGHT_DELAY, HubConfig, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account, find_free_port
 from chain.errors import ContractReverted
@@ -128,6 +129,8 @@ def deploy_devnet(w3: Web3) -> tuple[TrainingContract, str, list[LocalAccount]]:
         hub.bond(auditor, Role.VALIDATOR, VALIDATOR_STAKE)
     training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(
         hub=hub.address, treasury=treasury.address, min_bond=10**18, min_signers=2, verdict_window=250))
+    for _ in range(WEIGHT_DELAY):  # the auditors' stake settles before any anchor (StakeQuorum.weightDelay)
+        w3.provider.make_request(RPCEndpoint("evm_mine"), [])
     return training, treasury.address, auditors
 
 

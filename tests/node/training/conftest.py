@@ -2,7 +2,7 @@
 
 import pytest
 
-from chain.contracts import HubConfig, Role
+from chain.contracts import WEIGHT_DELAY, HubConfig, Role
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account
 from chain.training import TrainingContract, TrainingDeployConfig
@@ -20,4 +20,6 @@ def net():
             hub.bond(v, Role.VALIDATOR, 5 * 10**18)
         training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(hub=hub.address,
                                                                              treasury=treasury.address))
+        for _ in range(WEIGHT_DELAY):  # the validators' stake settles before any anchor (StakeQuorum.weightDelay)
+            w3.provider.make_request("evm_mine", [])
         yield node, w3, training, validators, prover, treasury
