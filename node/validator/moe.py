@@ -19,6 +19,10 @@
            uncovered (the inference then settles unchecked); an opening the operator never served is voted
            invalid DUTY_DATA_UNAVAILABLE. Recorded in the node's slashing-protection store (one hub verdict per
            inference, shared with the dense daemon), then signed and submitted (`submitVerdicts`).
+           With a dense check (`dense`, node.moe.dense: the whole model loaded, set by the daemon from its model
+           slot) the served tokens are also checked as a dense model's once the inference is opened: stage 1 and
+           stage 2 on one prefill of the claimed MoE model. Its failure is the hub verdict, invalid whatever the
+           duties say (issue 30: the duties judge a trace recorded after decoding, not the served tokens).
 
 An operator that does not serve a duty's slice within the retries is judged DUTY_DATA_UNAVAILABLE, as a dense
 payload that never arrives is judged unavailable: withholding is not a way out of a check. A slice that does not
@@ -49,6 +53,7 @@ from chain.moe import DutyResult, ExpertDutyClient, sign_expert_vote
 from chain.txmanager import TxManager
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.moe.config import DutyValidator
+from node.moe.dense import MoeDenseCheck, MoeDenseVerdict
 from node.moe.serve import MoeOpeningWire
 from node.moe.wire import DutySlice, MoeShape, compute_max_slice_size, decode_duty_slice
 from node.protocol.artifact import compute_output_hash
@@ -135,6 +140,11 @@ class MoeDutyService:
         self.errors = Counter("verinfer_moe_job_errors_total", "Errors that postponed or ended an MoE duty job",
                               ["error"], registry=registry)
         self.done: list[tuple[int, str, int]] = []  # (inference id, duty, reason) signed: for tests and logs
+        # The hub committee's dense check of the served tokens (stage 1 + stage 2; node.moe.dense), set by the
+        # composition root where this validator loads the whole MoE model; its verdicts by inference id.
+        self.dense: MoeDenseCheck | None = None
+        self.dense_required = False  # the model has a dense profile but this node has no check: never vote valid
+        self.dense_verdicts: dict[int, MoeDenseVerdict] = {}
 
     # ---- events -----------------------------------------------------------------------------------
 
@@ -295,7 +305,8 @@ class MoeDutyService:
         while not stop.is_set():
             iid = await self.votes.get()
             try:
-                why = await asyncio.to_thread(self.vote_one, iid)
+                dense = await self._dense_verdict(iid)
+                why = await asyncio.to_thread(self.vote_one, iid, dense)
             except (ConflictingVerdict, FatalError):
                 raise
             except ContractReverted as exc:  # the hub refused it (settled, window over, voted): nothing to retry
@@ -310,8 +321,21 @@ class MoeDutyService:
             self._end_job(VOTE, VOTE_DONE, _open_key(iid), {"why": why})
             log.info("MoE hub vote job ended: %s", why, extra={"inference_id": iid})
 
-    def vote_one(self, iid: int) -> str | None:
-        """Vote at the hub on one inference if its duties decided it; return why the job ends (None: not yet)."""
+    async def _dense_verdict(self, iid: int) -> MoeDenseVerdict | None:
+        """Return the dense check's verdict on an opened inference (run once; None without a check or an opening)."""
+        if self.dense is None:
+            return None
+        if iid not in self.dense_verdicts:
+            opened = await asyncio.to_thread(self.module.opened, iid)
+            if opened.commit_block == 0:
+                return None
+            self.dense_verdicts[iid] = await self.dense(iid, opened.moe_root)
+        return self.dense_verdicts[iid]
+
+    def vote_one(self, iid: int, dense: MoeDenseVerdict | None = None) -> str | None:
+        """Vote at the hub on one inference if its duties (or the dense check) decided it; return why the job ends
+        (None: not yet). A failed dense check is the verdict whatever the duties say; with a dense check configured
+        (self.dense), no inference is voted valid before it passed."""
         inf = self.hub.get_inference(iid)
         if inf.status is not Status.COMMITTED:
             return "settled"
@@ -320,7 +344,9 @@ class MoeDutyService:
         if self.hub.has_voted(iid, self.account.address):
             return "voted"
         opened = self.module.opened(iid)
-        if opened.commit_block == 0:
+        if dense is not None and not dense.valid:  # the served tokens fail stage 1 or stage 2 (issue 30)
+            valid, reason = False, dense.reason
+        elif opened.commit_block == 0:
             ended = self.store.get_record(OPEN_DONE, _open_key(iid))
             if ended is None or ended["why"] != "given up":
                 return None if ended is None or ended["why"] in ("opened", "opened by us") else f"unopened: {ended}"
@@ -336,12 +362,17 @@ class MoeDutyService:
                 return None
             else:
                 valid, reason = True, 0
+        if valid and dense is None and self.dense is not None:
+            return None  # the dense check has not run yet: never valid on the duties alone
+        if valid and dense is None and self.dense_required:
+            return "abstained: no dense check"  # the served tokens unchecked here: no valid vote from the duties alone
         job = self.store.get_record(VOTE, _open_key(iid))
         if job is None:
             return "no job"
         commitment = Commitment(*(bytes.fromhex(job[k][2:]) for k in ("output_hash", "artifact_root",
                                                                       "fingerprint_hash")))
-        scores = keccak256(json.dumps({"moe": iid, "valid": valid, "reason": reason}).encode())
+        scores = keccak256(json.dumps({"moe": iid, "valid": valid, "reason": reason,
+                                       "dense": None if dense is None else dense.scores_digest.hex()}).encode())
         stored = self.store.record_verdict(VerdictRecord(iid, job["artifact_root"], valid, reason, Web3.to_hex(scores),
                                                          int(time.time()) + self.verdict_ttl))  # synced before signing
         verdict = Verdict(iid, bytes.fromhex(stored.artifact_root[2:]), stored.valid, stored.reason,
