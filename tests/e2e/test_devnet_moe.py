@@ -44,7 +44,7 @@ def test_the_decode_only_cheater_passes_every_duty_and_is_slashed_by_the_hub_com
     """Issue 30: tokens from the dense parent, traced by the real SmolLM2 MoE: every duty passes, the hub committee's
     dense check (stage 1 + stage 2 on the served tokens) votes each inference invalid until the hub slashes and jails
     the operator; the honest operator stays in good standing and paid. Before the fix it was voted valid and paid."""
-    options = MoeDevnetOptions(model="smollm2-moe-4x135m", validators=4, rounds=3, tokens=16,
+    options = MoeDevnetOptions(model="smollm2-moe-4x135m", validators=4, rounds=2, tokens=16,
                                operators=("honest", "decode-only"), out=tmp_path)
     with (tmp_path / "console.txt").open("w") as lines:
         code = run_moe_devnet(options, Console(file=lines, width=200))
