@@ -211,7 +211,8 @@ def attack_claim(lab: Lab, spec: RunSpec) -> Claim:
     ids, params, user_seed, iid = lab.request(spec)
     seed = run_seed(user_seed, iid)
     name = spec.name
-    if name in ("other-model-tiny", "int8", "bf16-as-fp32", "weight-noise-1pct", "skip-layer"):
+    if name in ("other-model-tiny", "int8", "bf16-as-fp32", "weight-noise-1pct", "skip-layer") \
+            or name.startswith("moe-"):  # moe-*: an MoE operator's decode-only cheats (node.calibrate.moe)
         return claim_from_generation(lab, ids, params, seed, generate(lab.generators[name], lab, ids, params, seed))
     if name == "temperature-lie":
         actual = replace(params, temperature=max(params.temperature, 0.7) + 0.1)

@@ -5,19 +5,23 @@ columns (expert e of every layer: with 4 experts and V validators, validator i h
 every router, and — every other validator — the shared layers for the link duty (an operational choice only: the
 draw takes every validator, and a validator drawn for a duty it did not preload loads it); two operators running
 the real executer (node.executer with its MoE recorder), one honest and one that runs one expert quantised to
-int8. Per request the operator generates, records its MoE trace, binds moeRoot into the hub's fingerprint hash and
-commits; the hub committee's validators open the commitment on the module from the operator's opening, which
-fixes the lazy draws of three judges per duty from all validators, weighted by stake settled before the commit;
-each drawn validator checks its duties (node.moe.config.DutyValidator) and signs an expert verdict; a majority
-settles a duty. The module slashes no one: the hub committee's members re-judge a failed duty themselves and vote
-the inference invalid (the hub's quorum then refunds the requester and, by the model's Bayes rule, slashes and
-jails the operator), or valid if every duty passed, which pays the honest operator.
+int8, and — for a model with a dense stage-2 profile — a decode-only cheater (issue 30: its tokens and leaves come
+from a cheaper decode, by default the dense parent model, and its executer traces the real MoE model afterwards,
+so every duty passes). Per request the operator generates, records its MoE trace, binds moeRoot into the hub's
+fingerprint hash and commits; the hub committee's validators open the commitment on the module from the
+operator's opening, which fixes the lazy draws of three judges per duty from all validators, weighted by stake
+settled before the commit; each drawn validator checks its duties (node.moe.config.DutyValidator) and signs an
+expert verdict; a majority settles a duty. The module slashes no one: the hub committee's members re-judge a
+failed duty themselves, and also check the served tokens as a dense model's (node.moe.dense: stage 1 and stage 2
+on one prefill of the MoE model, the model's dense profile); they vote the inference invalid on a confirmed
+failure or a failed dense check (the hub's quorum then refunds the requester and, by the model's Bayes rule,
+slashes and jails the operator), or valid if the dense check and every duty passed, which pays the honest operator.
 
 Each validator runs the daemon's MoE duty service (node.validator.moe.MoeDutyService: its own LevelDB store,
 slashing protection and journaled transactions: it opens, judges and votes) and fetches each duty's slice from
 its operator's executer API over HTTP on loopback. Simplifications, said so in docs/moe.md: one process (the
-services share one asyncio loop in a thread, and validators holding the same tensor share one read-only copy),
-and the hub's verdict is the duties' outcome (no dense stage-2 profile exists for the MoE model yet).
+services share one asyncio loop in a thread, validators holding the same tensor share one read-only copy, and the
+hub committee's dense checks share the operators' loaded model under one lock with the operators' serving).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -77,6 +80,8 @@ class MoeDevnetOptions(BaseModel):
     rounds: int = Field(2, ge=1, le=20)
     tokens: int = Field(16, ge=2, le=256)
     cheat_expert: str = "layer3.e1"
+    decode_cheat: str = Field("moe-dense-parent", description="the decode-only cheater's decode (node.moe.attacks)")
+    operators: tuple[str, ...] = ("honest", "int8-expert", "decode-only")
     per_duty: int = Field(PER_DUTY, ge=2, le=4)
     threads: int = Field(1, ge=1)
     judge_timeout: float = Field(600.0, gt=0, description="seconds the validators' services get per inference")
@@ -98,6 +103,7 @@ class MoeInferenceRecord:
     hub_status: str = ""
     assign_gas: int = 0
     verdict_gas: int = 0  # every submitExpertVerdicts transaction that counted a vote (the lazy draws are paid here)
+    hub_votes: list[int] = field(default_factory=list)  # the distinct reasons of the committee's hub votes (0: valid)
     seconds: float = 0.0
 
 
@@ -120,26 +126,34 @@ def compute_holdings(index: int, layers: int, experts: int) -> tuple[ExpertKey, 
 
 
 class MoeOperator:
-    """An operator running the real executer on the MoE model, honestly or with one expert quantised to int8."""
+    """An operator running the real executer on the MoE model: honestly, with one expert quantised to int8, or
+    (decode_only) with an executer whose engine decodes cheaply (node.moe.attacks.DecodeOnlyEngine)."""
 
-    def __init__(self, name: str, account: Any, cheat: ExpertKey | None) -> None:
+    def __init__(self, name: str, account: Any, cheat: ExpertKey | None, lock: threading.Lock | None = None,
+                 decode_only: bool = False) -> None:
         self.name = name
         self.account = account
         self.cheat = cheat
+        self.decode_only = decode_only
+        self.lock = lock or threading.Lock()  # the shared model: no dense check runs while an operator patches it
         self.service: Any = None  # its ExecuterService (node.executer): generation, artifact, per-expert commitment
         self.url = ""
 
-    def serve(self, inference_id: int, prompt_ids: tuple[int, ...], params: SamplingParams, user_seed: int) -> Served:
+    @property
+    def cheating(self) -> bool:
+        """Check whether this operator cheats (it must end slashed and jailed)."""
+        return self.cheat is not None or self.decode_only
+
+    def serve(self, inference_id: int, messages: list[dict[str, str]], prompt_ids: tuple[int, ...],
+              prompt_hash: bytes, params: SamplingParams, user_seed: int) -> Served:
         """Generate and record through the executer (under the int8 expert if it cheats); return what it commits."""
         from contextlib import nullcontext
 
         from node.moe.attacks import int8_expert
 
-        prompt_hash = keccak256(bytes(np.asarray(prompt_ids, dtype=">u4").tobytes()))
-        attack = nullcontext() if self.cheat is None else int8_expert(self.service.engine.model, self.cheat)
-        with attack:
-            s = self.service.infer(prompt_ids, prompt_hash, params, user_seed, inference_id,
-                                   {"prompt_ids": list(prompt_ids)})
+        attack = nullcontext() if self.cheat is None else int8_expert(self.service.moe.model, self.cheat)
+        with self.lock, attack:
+            s = self.service.infer(prompt_ids, prompt_hash, params, user_seed, inference_id, {"messages": messages})
         return Served(tuple(s.generation.output_ids), Commitment(s.output_hash, s.artifact.root, s.fingerprint_hash))
 
 
@@ -203,6 +217,18 @@ class MoeDevnet:
         self.validator_keys: list[Any] = []
         self.services: list[MoeDutyService] = []  # one per validator
         self.stores: list[Store] = []
+        self.lock = threading.Lock()  # the loaded model: an operator serving (maybe patching it) or a dense check
+        self._parent: Any = None
+
+    def dense_parent(self, files: Any) -> Any:
+        """Return the engine of the MoE model's dense parent (loaded once), the decode-only cheater's cheap model."""
+        from node.engines.models import get_model_spec, materialise_model
+        from node.engines.transformers_engine import TransformersEngine
+
+        if self._parent is None and self.options.decode_cheat == "moe-dense-parent":
+            parent = get_model_spec(files.spec.tokenizer_from or "")
+            self._parent = TransformersEngine(materialise_model(parent).path, parent.name)
+        return self._parent
 
     def note(self, line: str) -> None:
         """Print and keep one event line."""
@@ -219,8 +245,11 @@ class MoeDevnet:
         from node.engines.transformers_engine import TransformersEngine
         from node.executer.moe import MoeRecorder
         from node.executer.service import ExecuterService
+        from node.moe.attacks import make_decode_only_engine
         from node.moe.config import DutyValidator, MoeDutiesConfig
+        from node.moe.dense import MoeDenseCheck, has_dense_profile
         from node.moe.validate import load_limits
+        from node.profiles import load_profile
 
         torch.set_num_threads(self.options.threads)
         files = materialise_model(get_model_spec(self.options.model))
@@ -231,9 +260,13 @@ class MoeDevnet:
         tokenizer = ModelTokenizer(folder, True)
         limits = load_limits()
         cheat = ExpertKey.parse(self.options.cheat_expert)
-        self.note(f"{self.options.model}: {layers} layers x {experts} experts; cheater quantises {cheat} to int8")
+        dense = has_dense_profile(self.options.model)  # the hub committee's dense check of the served tokens
+        thresholds = load_profile(files.spec)[1].stage2_thresholds() if dense else None
+        self.note(f"{self.options.model}: {layers} layers x {experts} experts; cheater quantises {cheat} to int8"
+                  + (f"; decode-only cheater decodes with {self.options.decode_cheat}" if dense else
+                     "; no dense stage-2 profile: no dense check, no decode-only cheater"))
         n = self.options.validators
-        with Anvil(accounts=5 + n) as anvil:
+        with Anvil(accounts=6 + n) as anvil:
             w3 = anvil.web3()
             admin, treasury, requester, honest_key, cheat_key = (dev_account(i) for i in range(5))
             val_keys = [dev_account(5 + i) for i in range(n)]
@@ -243,9 +276,16 @@ class MoeDevnet:
             hub.advance_model_to(admin, model_id, ModelState.PUNITIVE)
             ed = deploy_expert_duty(w3, admin, hub, self.options.per_duty)
             ed.set_shape(admin, model_id, layers, experts)
-            operators = [MoeOperator("honest", honest_key, None), MoeOperator("int8-expert", cheat_key, cheat)]
-            for op in operators:  # one engine in this process: the cheater patches its expert only while it serves
-                op.service = ExecuterService(files, tokenizer, self.engine, None, moe=MoeRecorder(self.engine.model))
+            decode_key = dev_account(5 + n)
+            candidates = [MoeOperator("honest", honest_key, None, self.lock),
+                          MoeOperator("int8-expert", cheat_key, cheat, self.lock),
+                          MoeOperator("decode-only", decode_key, None, self.lock, decode_only=True)]
+            operators = [op for op in candidates if op.name in self.options.operators and (dense or not op.decode_only)]
+            for op in operators:  # one engine in this process: the cheaters patch it only while they serve
+                engine = self.engine
+                if op.decode_only:  # tokens from a cheaper decode; the recorder traces the real model afterwards
+                    engine = make_decode_only_engine(self.options.decode_cheat, self.engine, self.dense_parent(files))
+                op.service = ExecuterService(files, tokenizer, engine, None, moe=MoeRecorder(self.engine.model))
             for op in operators:
                 hub.bond(op.account, Role.OPERATOR, 10 * 10**18)
             cache: dict[ExpertKey, Any] = {}
@@ -268,6 +308,9 @@ class MoeDevnet:
                                          account, Hub(own_w3, hub.address), ExpertDutyClient(own_w3, ed.address),
                                          store, checker, shape, executers, TxManager(own_w3, account, store),
                                          confirmations=0, poll_interval=0.1, model_id=model_id)
+                    if thresholds is not None:  # every validator loads the whole model here (shared, one lock)
+                        svc.dense = MoeDenseCheck(Hub(own_w3, hub.address), files, tokenizer, self.engine, thresholds,
+                                                  executers, self.lock)
                     self.services.append(svc)
                     services.spawn(svc.run(services.stop))
                 anvil_mine(w3, WEIGHT_DELAY + 1)  # every validator's stake settled before the first commit
@@ -279,8 +322,9 @@ class MoeDevnet:
                         if hub.staker(op.account.address).jailed:
                             continue
                         prompt = PROMPTS[(2 * r + len(self.records)) % len(PROMPTS)]
-                        ids = tuple(tokenizer.encode_chat([{"role": "user", "content": prompt}]))
-                        self.records.append(self.one_inference(w3, hub, ed, op, services, requester, model_id, ids))
+                        messages = [{"role": "user", "content": prompt}]
+                        self.records.append(self.one_inference(w3, hub, ed, op, services, requester, model_id,
+                                                               messages, tuple(tokenizer.encode_chat(messages))))
                 problems = [f"a duty service stopped: {f}" for f in services.failures()]
             finally:
                 services.close()
@@ -289,15 +333,19 @@ class MoeDevnet:
             return problems + self.judge(hub, operators)
 
     def one_inference(self, w3: Any, hub: Hub, ed: ExpertDutyClient, op: MoeOperator, services: ServiceLoop,
-                      requester: Any, model_id: bytes, prompt_ids: tuple[int, ...]) -> MoeInferenceRecord:
+                      requester: Any, model_id: bytes, messages: list[dict[str, str]],
+                      prompt_ids: tuple[int, ...]) -> MoeInferenceRecord:
         """Request, serve, commit, draw the duties, let the validators' services judge them, settle on the hub."""
+        from node.protocol.prompt import compute_prompt_hash
+
         started = time.monotonic()
         params = SamplingParams(0.7, 0.95, 0, self.options.tokens)
         user_seed = 1000 + len(self.records)
-        iid = hub.request_inference(requester, op.account.address, model_id, keccak256(bytes(np.asarray(
-            prompt_ids, dtype=">u4").tobytes())), user_seed, Params(params.temperature_bits, params.top_p_bits,
-                                                                      params.top_k, params.max_tokens), FEE)
-        served = op.serve(iid, prompt_ids, params, user_seed)
+        prompt_hash = compute_prompt_hash(model_id, messages=messages)  # the dense check recomputes it from the request
+        iid = hub.request_inference(requester, op.account.address, model_id, prompt_hash, user_seed,
+                                    Params(params.temperature_bits, params.top_p_bits, params.top_k,
+                                           params.max_tokens), FEE)
+        served = op.serve(iid, messages, prompt_ids, prompt_hash, params, user_seed)
         commit_block = int(hub.commit_inference(op.account, iid, served.commitment)["blockNumber"])
         before = hub.staker(op.account.address).stake
         anvil_mine(w3, 2)  # the selection seed: the hub committee's validators open the commitment on the module
@@ -330,8 +378,11 @@ class MoeDevnet:
             record.undecided += result is DutyResult.OPEN
         self.wait_hub_settled(hub, iid, record, time.monotonic() + self.options.judge_timeout)
         record.slashed_wei = before - hub.staker(op.account.address).stake  # by the hub committee's verdict
+        record.hub_votes = sorted({reason for svc in self.services for i, valid, reason in svc.hub_votes if i == iid})
         record.seconds = round(time.monotonic() - started, 2)
-        verdict = "valid" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
+        verdict = "all duties passed" if not record.failed else f"failed {', '.join(sorted(record.failed))}"
+        if any(record.hub_votes):
+            verdict += f"; hub votes invalid, reasons {[r for r in record.hub_votes if r]}"
         slash = f"; slashed {record.slashed_wei / 1e18:g} ETH and jailed" if record.slashed_wei else ""
         self.note(f"#{iid} {op.name}: {record.tokens} tokens, {record.duties} duties drawn "
                   f"(open {record.assign_gas:,} gas), {record.checks} checks ({record.verdict_gas:,} gas): {verdict}"
@@ -364,9 +415,9 @@ class MoeDevnet:
         problems = []
         for op in operators:
             s = hub.staker(op.account.address)
-            if op.cheat is not None and not (s.jailed and s.stake < 10 * 10**18):
+            if op.cheating and not (s.jailed and s.stake < 10 * 10**18):
                 problems.append(f"{op.name} was not slashed and jailed")
-            if op.cheat is None and (s.jailed or s.stake != 10 * 10**18 or hub.credits(op.account.address) == 0):
+            if not op.cheating and (s.jailed or s.stake != 10 * 10**18 or hub.credits(op.account.address) == 0):
                 problems.append(f"{op.name} is not in good standing and paid")
         return problems
 
@@ -394,8 +445,9 @@ def run_moe_devnet(options: MoeDevnetOptions, console: Console) -> int:
     for p in problems:
         console.print(f"[red]✗ {p}[/red]")
     if not problems:
-        console.print("[green]✓ the int8-expert operator was slashed and jailed by the hub committee's verdict on its "
-                      "failed expert; the honest operator is in good standing and paid[/green]")
+        console.print("[green]✓ every cheating operator was slashed and jailed by the hub committee's verdict "
+                      "(int8 expert: its failed expert, re-judged; decode-only: the dense check); the honest operator "
+                      "is in good standing and paid[/green]")
     return 1 if problems else 0
 
 

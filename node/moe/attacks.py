@@ -7,23 +7,37 @@
   input rows of its leaves are replaced by rows x' optimised so that the honest expert maps x' onto what
   the swapped expert produced, and the leaves commit the honest expert's output on x'. The router leaves
   and the other experts keep the true rows, so only the link duty sees that the hashes disagree.
+
+Decode-only cheats (issue 30, finding 2): the served tokens and their leaves come from a cheaper decode, while
+the per-expert trace is recorded honestly by the real model in the teacher-forced pass after decoding
+(`DecodeOnlyEngine`, plugged in as the executer's engine). Every duty then passes: only the dense stage 1
+and stage 2 on the served tokens (the hub committee's check, node.moe.dense) can see them.
+
+- top-1 routing: every router keeps only its first expert (weight 1): half the expert work;
+- top-1 in the last layer: the same in the last MoE layer only (the smallest change to the output);
+- int8 experts: every expert of every layer rounded to symmetric per-row int8;
+- dense parent: the tokens decoded by the dense model the MoE was upcycled from (a quarter of the weights).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest, Prefill
 from node.moe.trace import ExpertRows, MoeTrace, compute_expert_output, record_trace
 from node.protocol.moe import ExpertKey
 
 ATTACKS = ("int8-expert", "swapped-expert", "cheap-router", "forged-inputs")
 VARIANTS = ("forged-consistent",)  # measured separately (docs/moe.md), not in the campaign
+# decode-only cheats: the served tokens from a cheaper decode, the trace from the real model (DecodeOnlyEngine)
+DECODE_ONLY = ("moe-top1-routing", "moe-top1-last-layer", "moe-int8-experts", "moe-dense-parent")
 
 
 def compute_int8_rows(w: torch.Tensor) -> torch.Tensor:
@@ -156,3 +170,109 @@ def describe_forgery(trace: MoeTrace, key: ExpertKey) -> float:
         return 0.0
     true = trace.inputs[key.layer, rows.positions]
     return float(np.max(np.abs(forged - true)) / max(float(np.max(np.abs(true))), 1e-30))
+
+
+@contextmanager
+def top1_routing(model: Any, layers: Sequence[int] | None = None) -> Iterator[None]:
+    """Let the routers of `layers` (all if None) keep only their first expert, with weight 1 (top-1 mixing)."""
+    blocks = [layer.mlp for layer in model.model.layers]
+    chosen = range(len(blocks)) if layers is None else layers
+    gates = [blocks[i].gate for i in chosen]
+    originals = [g.forward for g in gates]
+
+    def top1(gate: Any) -> Any:
+        def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            hidden_states = hidden_states.reshape(-1, gate.hidden_dim)
+            logits = torch.nn.functional.linear(hidden_states, gate.weight)
+            top_i = torch.argmax(logits, dim=-1, keepdim=True)
+            return logits, torch.ones(top_i.shape, dtype=torch.float32), top_i
+        return forward
+
+    for g in gates:
+        g.forward = top1(g)
+    try:
+        yield
+    finally:
+        for g, f in zip(gates, originals, strict=True):
+            g.forward = f
+
+
+@contextmanager
+def int8_experts(model: Any) -> Iterator[None]:
+    """Run every expert of every layer with int8-rounded weights (per row, symmetric)."""
+    saved = []
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        saved.append((experts.gate_up_proj.data.clone(), experts.down_proj.data.clone()))
+        experts.gate_up_proj.data.copy_(compute_int8_rows(experts.gate_up_proj.data))
+        experts.down_proj.data.copy_(compute_int8_rows(experts.down_proj.data))
+    try:
+        yield
+    finally:
+        for layer, (gate_up, down) in zip(model.model.layers, saved, strict=True):
+            layer.mlp.experts.gate_up_proj.data.copy_(gate_up)
+            layer.mlp.experts.down_proj.data.copy_(down)
+
+
+@dataclass
+class DecodeOnlyEngine:
+    """An executer engine that decodes cheaply and claims the real model: what an MoE operator cheats with.
+
+    `generate` runs the cheap decode (`cheat(real model)` active around the real engine, or another engine
+    such as the dense parent): its tokens and leaves are served. The hidden rows of the dense fingerprint come
+    from one prefill of the real model over those tokens (the strongest variant: the fingerprint then passes),
+    and the executer's MoE recorder traces the real model after `generate` returns, so every duty passes.
+    """
+
+    real: Engine
+    cheat: Callable[[Any], AbstractContextManager[None]] | None = None
+    cheap: Engine | None = None  # another engine decodes instead (the dense parent)
+
+    @property
+    def info(self) -> EngineInfo:
+        """Claim the real engine's identity."""
+        return self.real.info
+
+    @property
+    def vocab_size(self) -> int:
+        """Return the real model's vocabulary size."""
+        return self.real.vocab_size
+
+    @property
+    def model(self) -> Any:
+        """Return the real transformers model (the MoE recorder traces it)."""
+        return self.real.model  # type: ignore[attr-defined]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Decode cheaply; keep its tokens and leaves, take the fingerprint rows from the real model's prefill."""
+        if self.cheap is not None:
+            gens = self.cheap.generate(requests)
+        else:
+            assert self.cheat is not None
+            with self.cheat(self.model):
+                gens = self.real.generate(requests)
+        out = []
+        for request, gen in zip(requests, gens, strict=True):
+            pre = self.real.prefill(request.prompt_ids, gen.output_ids)
+            out.append(dataclasses.replace(gen, hidden=pre.hidden))
+        return out
+
+    def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
+        """Prefill with the real model."""
+        return self.real.prefill(prompt_ids, output_ids)
+
+
+def make_decode_only_engine(name: str, real: Engine, dense_parent: Engine | None = None) -> DecodeOnlyEngine:
+    """Return the decode-only cheater `name` (one of DECODE_ONLY) over the real MoE engine."""
+    if name == "moe-top1-routing":
+        return DecodeOnlyEngine(real, top1_routing)
+    if name == "moe-top1-last-layer":
+        last = len(real.model.model.layers) - 1  # type: ignore[attr-defined]
+        return DecodeOnlyEngine(real, lambda model: top1_routing(model, (last,)))
+    if name == "moe-int8-experts":
+        return DecodeOnlyEngine(real, int8_experts)
+    if name == "moe-dense-parent":
+        if dense_parent is None:
+            raise ValueError("moe-dense-parent needs the dense parent's engine")
+        return DecodeOnlyEngine(real, cheap=dense_parent)
+    raise ValueError(f"unknown decode-only cheat {name!r}")

@@ -374,6 +374,7 @@ class ValidatorNode:
                  asyncio.create_task(self._gossip_loop(stop), name="gossip"),
                  asyncio.create_task(self.health.run(stop, self.config.health_interval), name="health")]
         if self.moe is not None:
+            self._wire_moe_dense_check()
             tasks.append(asyncio.create_task(self.moe.run(stop), name="moe-duties"))
         try:
             await wait_stop_or_failure(tasks, stop)
@@ -385,6 +386,26 @@ class ValidatorNode:
             await runner.cleanup()
             if self.p2p is not None:
                 await asyncio.to_thread(self.p2p.stop)
+
+    def _wire_moe_dense_check(self) -> None:
+        """Give the MoE duty service the dense check of its model's served tokens where this node loads that model.
+
+        Issue 30: an MoE inference's hub verdict is this check (stage 1 + stage 2 on one prefill of the MoE model,
+        node.moe.dense) and the duties together; the dense path below leaves MoE models to the MoE service, so one
+        hub verdict per inference is recorded. A node without the model's slot never votes valid (only invalid on a
+        failed duty) while the model has a dense profile.
+        """
+        from node.moe.dense import dense_check_of, has_dense_profile
+
+        assert self.moe is not None
+        slot = self.models.get(self.moe.model_id) if self.moe.model_id is not None else None
+        if slot is not None and slot.thresholds is not None and self.moe.dense is None:
+            self.moe.dense = dense_check_of(slot, self.hub, self.config.executers, self.config.fetch_timeout,
+                                            self.config.fetch_retries)
+        elif self.moe.dense is None and has_dense_profile(self.moe.config.model):
+            log.warning("the MoE model is not among this node's models: its served tokens go unchecked here, so "
+                        "this node never votes its inferences valid", extra={"model": self.moe.config.model})
+            self.moe.dense_required = True
 
     # ---- events ---------------------------------------------------------------------------------
 
@@ -568,7 +589,8 @@ class ValidatorNode:
             return None
         self._committees[iid] = committee if checked else []
         why = "not-checked" if not checked else "not-in-committee" if self.account.address not in committee \
-            else "model-not-served" if facts.model_id not in self.models else None
+            else "model-not-served" if facts.model_id not in self.models \
+            else "moe-model" if self.models[facts.model_id].files.spec.is_moe else None  # the MoE service votes
         if why is not None:
             self.metrics.skipped.labels(why).inc()
             self._forget(iid, why)

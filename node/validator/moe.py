@@ -22,6 +22,10 @@
            one duty's judges never decide alone: the hub committee's quorum does, and the hub's rule slashes.
            An opening the operator never served is voted invalid DUTY_DATA_UNAVAILABLE; an inference the module
            could not open (`Uncoverable`: fewer validators with settled stake than a duty needs) gets no vote.
+           With a dense check (`dense`, node.moe.dense: the whole model loaded, set by the daemon from its model
+           slot) the served tokens are also checked as a dense model's once the inference is opened: stage 1 and
+           stage 2 on one prefill of the claimed MoE model. Its failure is the hub verdict, invalid whatever the
+           duties say (issue 30: the duties judge a trace recorded after decoding, not the served tokens).
            Recorded in the node's slashing-protection store (one hub verdict per inference, shared with the dense
            daemon), then signed and submitted (`submitVerdicts`).
 
@@ -54,6 +58,7 @@ from chain.moe import DutyResult, ExpertDutyClient, Opened, decode_module_revert
 from chain.txmanager import TxManager
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.moe.config import DutyValidator
+from node.moe.dense import MoeDenseCheck, MoeDenseVerdict
 from node.moe.serve import MoeOpeningWire
 from node.moe.wire import DutySlice, MoeShape, compute_max_slice_size, decode_duty_slice
 from node.protocol.artifact import compute_output_hash
@@ -140,6 +145,11 @@ class MoeDutyService:
         self.errors = Counter("verinfer_moe_job_errors_total", "Errors that postponed or ended an MoE duty job",
                               ["error"], registry=registry)
         self.done: list[tuple[int, str, int]] = []  # (inference id, duty, reason) signed: for tests and logs
+        # The hub committee's dense check of the served tokens (stage 1 + stage 2; node.moe.dense), set by the
+        # composition root where this validator loads the whole MoE model; its verdicts by inference id.
+        self.dense: MoeDenseCheck | None = None
+        self.dense_required = False  # the model has a dense profile but this node has no check: never vote valid
+        self.dense_verdicts: dict[int, MoeDenseVerdict] = {}
 
     # ---- events -----------------------------------------------------------------------------------
 
@@ -304,7 +314,8 @@ class MoeDutyService:
             iid = await self.votes.get()
             try:
                 await self.rejudge_failed(session, iid)
-                why = await asyncio.to_thread(self.vote_one, iid)
+                dense = await self._dense_verdict(iid)
+                why = await asyncio.to_thread(self.vote_one, iid, dense)
             except (ConflictingVerdict, FatalError):
                 raise
             except ContractReverted as exc:  # the hub refused it (settled, window over, voted): nothing to retry
@@ -319,8 +330,21 @@ class MoeDutyService:
             self._end_job(VOTE, VOTE_DONE, _open_key(iid), {"why": why})
             log.info("MoE hub vote job ended: %s", why, extra={"inference_id": iid})
 
-    def vote_one(self, iid: int) -> str | None:
-        """Vote at the hub on one inference if its duties decided it; return why the job ends (None: not yet)."""
+    async def _dense_verdict(self, iid: int) -> MoeDenseVerdict | None:
+        """Return the dense check's verdict on an opened inference (run once; None without a check or an opening)."""
+        if self.dense is None:
+            return None
+        if iid not in self.dense_verdicts:
+            opened = await asyncio.to_thread(self.module.opened, iid)
+            if opened.commit_block == 0:
+                return None
+            self.dense_verdicts[iid] = await self.dense(iid, opened.moe_root)
+        return self.dense_verdicts[iid]
+
+    def vote_one(self, iid: int, dense: MoeDenseVerdict | None = None) -> str | None:
+        """Vote at the hub on one inference if its duties (or the dense check) decided it; return why the job ends
+        (None: not yet). A failed dense check is the verdict whatever the duties say; with a dense check configured
+        (self.dense), no inference is voted valid before it passed."""
         inf = self.hub.get_inference(iid)
         if inf.status is not Status.COMMITTED:
             return "settled"
@@ -329,7 +353,9 @@ class MoeDutyService:
         if self.hub.has_voted(iid, self.account.address):
             return "voted"
         opened = self.module.opened(iid)
-        if opened.commit_block == 0:
+        if dense is not None and not dense.valid:  # the served tokens fail stage 1 or stage 2 (issue 30)
+            valid, reason = False, dense.reason
+        elif opened.commit_block == 0:
             ended = self.store.get_record(OPEN_DONE, _open_key(iid))
             if ended is not None and ended["why"] == "Uncoverable":
                 return "uncoverable"  # too few settled validators to draw any duty: no evidence either way, no vote
@@ -341,12 +367,17 @@ class MoeDutyService:
             if decided is None:
                 return None
             valid, reason = decided
+        if valid and dense is None and self.dense is not None:
+            return None  # the dense check has not run yet: never valid on the duties alone
+        if valid and dense is None and self.dense_required:
+            return "abstained: no dense check"  # the served tokens unchecked here: no valid vote from the duties alone
         job = self.store.get_record(VOTE, _open_key(iid))
         if job is None:
             return "no job"
         commitment = Commitment(*(bytes.fromhex(job[k][2:]) for k in ("output_hash", "artifact_root",
                                                                       "fingerprint_hash")))
-        scores = keccak256(json.dumps({"moe": iid, "valid": valid, "reason": reason}).encode())
+        scores = keccak256(json.dumps({"moe": iid, "valid": valid, "reason": reason,
+                                       "dense": None if dense is None else dense.scores_digest.hex()}).encode())
         stored = self.store.record_verdict(VerdictRecord(iid, job["artifact_root"], valid, reason, Web3.to_hex(scores),
                                                          int(time.time()) + self.verdict_ttl))  # synced before signing
         verdict = Verdict(iid, bytes.fromhex(stored.artifact_root[2:]), stored.valid, stored.reason,

@@ -37,3 +37,24 @@ def test_the_int8_expert_operator_is_slashed_by_the_hub_committee_and_the_honest
     assert len(cheat) == 1, "jailed after its first inference: no second request"
     assert cheat[0]["failed"] == {"layer1.e1": 903} and int(str(cheat[0]["slashed_wei"])) > 0
     assert cheat[0]["hub_status"] == "invalid"
+
+
+@pytest.mark.e2e
+def test_the_decode_only_cheater_passes_every_duty_and_is_slashed_by_the_hub_committees_dense_check(
+        tmp_path: Path) -> None:
+    """Issue 30: tokens from the dense parent, traced by the real SmolLM2 MoE: every duty passes, the hub committee's
+    dense check (stage 1 + stage 2 on the served tokens) votes each inference invalid until the hub slashes and jails
+    the operator; the honest operator stays in good standing and paid. Before the fix it was voted valid and paid."""
+    options = MoeDevnetOptions(model="smollm2-moe-4x135m", validators=4, rounds=2, tokens=16,
+                               operators=("honest", "decode-only"), out=tmp_path)
+    with (tmp_path / "console.txt").open("w") as lines:
+        code = run_moe_devnet(options, Console(file=lines, width=200))
+    record = json.loads((tmp_path / "devnet-moe.json").read_text())
+    assert record["problems"] == [], record["events"]
+    assert code == 0
+    honest = [r for r in record["inferences"] if r["operator"] == "honest"]
+    cheat = [r for r in record["inferences"] if r["operator"] == "decode-only"]
+    assert honest and all(r["failed"] == {} and r["hub_status"] == "valid" for r in honest)
+    assert cheat and all(r["failed"] == {} for r in cheat), "every duty passes: they judge the real model's trace"
+    assert all(r["hub_status"] == "invalid" and 0 not in r["hub_votes"] for r in cheat)
+    assert int(str(cheat[-1]["slashed_wei"])) > 0  # the hub's posterior crossed the threshold: slashed and jailed
