@@ -235,6 +235,8 @@ abstract contract Staking is ReentrancyGuard {
         // the history is read by block number: push's returned previous and new values are the ones compared here
         // slither-disable-next-line unused-return
         (uint256 before,) = weightHistory[who].push(uint48(block.number), uint208(weight));
+        // a weight of exactly 0 is what "not eligible" means (_currentWeight), not a balance an attacker can nudge
+        // slither-disable-next-line incorrect-equality
         if ((before == 0) != (weight == 0)) {
             uint256 count = eligibleHistory.latest();
             // slither-disable-next-line unused-return
