@@ -149,6 +149,7 @@ class SimConfig(BaseModel):
         expected = max(1, round(self.rate_hz * self.window_s))
         return SpotcheckPolicy(x_ms=self.x_ms,
                                max_late=compute_max_late(expected, self.honest_late_rate, self.false_alarm_target),
+                               honest_late_rate=self.honest_late_rate, false_alarm_target=self.false_alarm_target,
                                state_tolerance_quanta=0, capacity_slack_bytes=self.block_bytes, min_challenges=1)
 
 

@@ -26,6 +26,7 @@ from node.spotcheck.answers import (
 )
 from node.spotcheck.auth import compute_challenge_digest, is_answer_signed_by
 from node.spotcheck.errors import ReplayedNonce, SpotCode, UnknownDevice
+from node.spotcheck.feasibility import compute_max_late
 from node.spotcheck.stuffing import StuffingParams
 from node.spotcheck.wire import Answer, Challenge
 
@@ -111,6 +112,11 @@ class SpotcheckPolicy(BaseModel):
 
     x_ms: float = Field(gt=0, le=60_000)
     max_late: int = Field(0, ge=0)
+    # with a measured honest late rate, a window may hold at most the late answers that rate explains for the
+    # challenges it *actually* held (never more than max_late): a device that answers slowly lowers its own
+    # challenge count, and an allowance sized for the expected count then let every slow answer pass
+    honest_late_rate: float = Field(0.0, ge=0, lt=1)
+    false_alarm_target: float = Field(1e-6, gt=0, lt=1)
     state_tolerance_quanta: int = Field(0, ge=0)
     capacity_slack_bytes: int = Field(ge=0)
     min_challenges: int = Field(1, ge=0)
@@ -195,8 +201,12 @@ def decide_window(m: WindowMeasurement, policy: SpotcheckPolicy) -> WindowVerdic
     """Apply the policy: any wrong, stale, unknown or missing answer, too many late ones, or a capacity gap fails."""
     failures: list[str] = []
     late = sum(latency > policy.x_ms for latency in m.latencies_ms)
+    allowed = policy.max_late
+    if policy.honest_late_rate > 0:
+        allowed = min(allowed, compute_max_late(max(m.challenges, 1), policy.honest_late_rate,
+                                                policy.false_alarm_target))
     checks = [
-        ("late", late > policy.max_late),
+        ("late", late > allowed),
         ("missing", m.missing > 0),
         ("wrong_labels", m.wrong_labels > 0),
         ("wrong_state", any(q > policy.state_tolerance_quanta for q in m.state_quanta)),

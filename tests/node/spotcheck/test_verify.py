@@ -171,3 +171,20 @@ def test_windows_split_by_send_time(blocks):
     ex = [labels_exchange(i, blocks, ms) for i, ms in enumerate((10, 900, 1100, 2500))]
     windows = split_windows(ex, 0, 1000 * MS)
     assert {k: len(v) for k, v in windows.items()} == {0: 2, 1: 1, 2: 1}
+
+
+def test_the_late_allowance_follows_the_challenges_a_window_actually_held():
+    """A slow device lowers its own challenge count: 3 late answers of 4 passed an allowance of 4 sized for the 40
+    challenges a window is expected to hold (the sim's recompute cheater, seen passing in a CI rehearsal)."""
+    from node.spotcheck.verify import SpotcheckPolicy, WindowMeasurement, decide_window
+
+    m = WindowMeasurement(device_id="d", window=0, challenges=4, state_challenges=3, labels_challenges=1, missing=0,
+                          errors=0, unsigned=0, wrong_labels=0, stale_state=0, unknown_step=0,
+                          latencies_ms=(5000.0, 5000.0, 5000.0, 10.0), state_quanta=(0, 0, 0), declared_bytes=1,
+                          catalog_bytes=1, accounted_bytes=1)
+    fixed = SpotcheckPolicy(x_ms=500.0, max_late=4, capacity_slack_bytes=0)
+    assert decide_window(m, fixed).passed  # the expected-count allowance alone
+    scaled = fixed.model_copy(update={"honest_late_rate": 0.002})
+    assert decide_window(m, scaled).failures == ("late",)  # 3 late of 4 is not what a 0.2 % late rate explains
+    honest = WindowMeasurement(**{**m.__dict__, "challenges": 40, "latencies_ms": (5000.0,) + (10.0,) * 39})
+    assert decide_window(honest, scaled).passed  # one late answer of 40 stays allowed
