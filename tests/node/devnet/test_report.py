@@ -16,14 +16,14 @@ from node.devnet.network import (
     OperatorView,
     write_validator_config,
 )
-from node.devnet.report import judge_outcome, plot_spoofer_probability, render_state, write_run_record
+from node.devnet.report import HONEST_KINDS, judge_outcome, plot_spoofer_probability, render_state, write_run_record
 from node.validator.config import load_config
 
 
 def _state(honest_status: str = "VALID", honest_p: float = 1e-6, cheaters_jailed: bool = True) -> NetworkState:
     state = NetworkState(DevnetOptions())
     for i, kind in enumerate(OPERATOR_KINDS):
-        honest = kind == "honest"
+        honest = kind in HONEST_KINDS  # the honest operator and the one restarted mid-run
         state.operators.append(OperatorView(
             kind, dev_account(2 + i).address, stake=OPERATOR_STAKE if honest or not cheaters_jailed
             else OPERATOR_STAKE // 2, spoof_p=honest_p if honest else (0.997 if cheaters_jailed else 0.6),
@@ -57,7 +57,7 @@ def test_record_and_plot_are_written(tmp_path: Path):
     state = _state()
     record = json.loads(write_run_record(state, [], tmp_path / "devnet.json").read_text())
     assert record["ok"] and [o["kind"] for o in record["operators"]] == list(OPERATOR_KINDS)
-    assert record["operators"][1]["invalid"] == 1 and record["operators"][0]["valid"] == 1
+    assert record["operators"][2]["invalid"] == 1 and record["operators"][1]["valid"] == 1 and record["operators"][0]["valid"] == 1
     assert record["latency_s"]["answer_to_verdict_mean"] == 1.0
     png = plot_spoofer_probability(state, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
