@@ -166,11 +166,12 @@ class TrainingContract:
         except Exception as exc:  # translated below
             raise _translate(exc) from exc
 
-    def register_run(self, account: LocalAccount, run_id: bytes, nonce: bytes, data_root: bytes,
+    def register_run(self, account: LocalAccount, spec_hash: bytes, nonce: bytes, data_root: bytes,
                      procedure_hash: bytes, init_strategy: int, audit_rate_wad: int, anchor_every: int,
                      bond: int) -> TxReceipt:
-        """Register a run with its bond (a nonce used before is refused: NonceReplayed)."""
-        return self.transact(account, "registerRun", run_id, nonce, data_root, procedure_hash, init_strategy,
+        """Register the account's run of spec_hash with its bond; its id is run_id_of(account, spec_hash) (a nonce the
+        account used before is refused: NonceReplayed)."""
+        return self.transact(account, "registerRun", spec_hash, nonce, data_root, procedure_hash, init_strategy,
                              audit_rate_wad, anchor_every, value=bond)
 
     def anchor(self, account: LocalAccount, run_id: bytes, last_step: int, head: bytes) -> TxReceipt:
@@ -180,6 +181,10 @@ class TrainingContract:
     def finish(self, account: LocalAccount, run_id: bytes) -> TxReceipt:
         """End a run whose last window was full."""
         return self.transact(account, "finish", run_id)
+
+    def run_id_of(self, prover: str, spec_hash: bytes) -> bytes:
+        """Return the contract's id of prover's run of spec_hash (Training.runIdOf)."""
+        return bytes(self.call("runIdOf", prover, spec_hash))
 
     def get_run(self, run_id: bytes) -> RunRecord:
         """Return a run's record."""

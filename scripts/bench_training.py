@@ -18,6 +18,7 @@ anchoring on a real anvil. Prints a table and writes bench-results/training-benc
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -37,14 +38,19 @@ from rich.table import Table
 from transformers import LlamaForCausalLM
 
 from node.protocol.hashing import keccak256
-from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, seal_entry
+from node.protocol.ledger import LedgerEntry, compute_batch_root, compute_genesis_head, compute_run_id, seal_entry
 from node.protocol.lsh import (
     compute_named_positions,
     compute_quantisation,
     compute_sketch_plan,
     compute_sketch_with_plan,
 )
-from node.protocol.training_state import compute_state_root
+from node.protocol.training_state import (
+    compute_root_from_digests,
+    compute_shard_digests,
+    compute_state_root,
+    get_chunk_bounds,
+)
 from node.training.corpus import get_batch_ids, load_corpus
 from node.training.ledger_store import LedgerStore, sign_head
 from node.training.model import (
@@ -145,8 +151,12 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
         lambda: compute_quantisation(compute_sketch_with_plan(before, grad.numpy()), spec.lsh_scale),
         lambda: compute_quantisation(compute_sketch_with_plan(plan, grad.numpy()), spec.lsh_scale), repeats)
     t_ledger = bench_ledger(spec, state, repeats)
-    t_root = timed(lambda: compute_state_root(state.params.numpy(), state.momentum.numpy(), 1, spec.global_batch),
-                   repeats)
+    z_p, z_m = state.params.numpy(), state.momentum.numpy()
+    # A/B in one run: v1's sha256 leaves, v2's BLAKE3 leaves (the whole state: what an auditor hashes), and rank 0's
+    # share when the N replicas each hash every N-th chunk (what a worker pays per step)
+    t_root_sha256, t_root = timed_pair(lambda: compute_sha256_root(z_p, z_m),
+                                       lambda: compute_state_root(z_p, z_m, 1, spec.global_batch), repeats)
+    t_root_shard = timed(lambda: compute_shard_digests(z_p, z_m, 0, spec.workers), repeats)
     positions = compute_named_positions(b"b" * 32, 1, 2 * n, spec.named_positions)
     t_named_before, t_named = timed_pair(lambda: state.vector()[positions], lambda: get_named_values(state, positions),
                                          repeats)
@@ -162,7 +172,7 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
     # background thread (still spent)
     overhead_before = t_commit + t_lsh_before + t_ledger + (t_named_before - t_named) + t_shadow
     unbound = t_commit + t_lsh + t_ledger + t_shadow  # the prover before issue 30: named positions only
-    overhead = unbound + t_root
+    overhead = unbound + t_root_shard
     critical = t_commit + t_lsh + t_shadow
     tokens = spec.batch_per_worker * spec.seq_len
     # the overhead is per step and grows with the parameters; the step grows with the tokens a worker trains on
@@ -170,16 +180,26 @@ def bench_shape(name: str, shape: ModelShape, repeats: int, batches: list[int]) 
     return {"shape": name, "params": n, "step_s": t_step, "allreduce_n_s": t_ar2, "allreduce_n_plus_shadow_s": t_ar3,
             "step_wall_s": t_step_wall, "commit_s": t_commit, "lsh_s": t_lsh, "lsh_plan_once_s": t_plan,
             "ledger_s": t_ledger, "shadow_s": t_shadow, "overhead_s": overhead, "state_root_s": t_root,
-            "state_bytes": 8 * n, "state_root_gb_per_s": 8 * n / t_root / 1e9, "overhead_unbound_s": unbound,
-            "overhead_unbound_ratio": unbound / t_step_wall, "state_root_ratio": t_root / t_step_wall,
+            "state_root_sha256_s": t_root_sha256, "state_root_worker_shard_s": t_root_shard,
+            "state_bytes": 8 * n, "state_root_gb_per_s": 8 * n / t_root / 1e9,
+            "state_root_sha256_gb_per_s": 8 * n / t_root_sha256 / 1e9, "overhead_unbound_s": unbound,
+            "overhead_unbound_ratio": unbound / t_step_wall, "state_root_ratio": t_root_shard / t_step_wall,
+            "state_root_whole_ratio": t_root / t_step_wall, "state_root_sha256_ratio": t_root_sha256 / t_step_wall,
             "named_gather_before_s": t_named_before, "named_gather_s": t_named,
             "overhead_before_s": overhead_before, "overhead_before_ratio": overhead_before / t_step_wall,
             "critical_path_overhead_s": critical, "critical_path_overhead_ratio": critical / t_step_wall,
             "overhead_ratio": overhead / t_step_wall, "recompute_s": t_recompute, "k": t_recompute / t_step_wall,
             "tokens_per_worker_step": tokens, "tokens_per_worker_step_for_5pct_extrapolated": tokens_for_5pct,
             "lsh_ns_per_param": 1e9 * t_lsh / n, "lsh_before_s": t_lsh_before,
-            "by_batch": [bench_batch(spec, model, samples, b, repeats, t_lsh + t_ledger + t_shadow, t_ar2, t_root)
+            "by_batch": [bench_batch(spec, model, samples, b, repeats, t_lsh + t_ledger + t_shadow, t_ar2, t_root_shard)
                          for b in batches]}
+
+
+def compute_sha256_root(params: np.ndarray, momentum: np.ndarray) -> bytes:
+    """Return the state root with v1's sha256 chunk digests (the A of the leaf-hash A/B)."""
+    digests = [[hashlib.sha256(v[a:b].data.cast("B")).digest() for a, b in get_chunk_bounds(v.size)]
+               for v in (params, momentum)]
+    return compute_root_from_digests(1, 0, (params.size, momentum.size), digests)
 
 
 def bench_batch(spec: RunSpec, model: LlamaForCausalLM, samples: np.ndarray, batch: int, repeats: int,
@@ -206,7 +226,7 @@ def bench_batch(spec: RunSpec, model: LlamaForCausalLM, samples: np.ndarray, bat
 def bench_ledger(spec: RunSpec, state: TrainState, repeats: int) -> float:
     """Return the seconds to name positions, seal, sign and store one ledger entry."""
     account = Account.from_key(b"\x05" * 32)
-    run_id = spec.spec_hash()
+    run_id = spec.run_id()
     z = state.vector()
     with tempfile.TemporaryDirectory() as tmp:
         store = LedgerStore(Path(tmp) / "l", run_id)
@@ -241,9 +261,10 @@ def bench_gas(windows: list[int]) -> list[dict[str, Any]]:
         training, _ = TrainingContract.deploy(w3, admin, TrainingDeployConfig(hub=hub.address,
                                                                              treasury=treasury.address))
         for m in windows:
-            run = keccak256(b"bench-%d" % m)
-            reg = training.register_run(prover, run, keccak256(b"nonce-%d" % m), b"\x01" * 32, b"\x02" * 32, 0,
+            spec_hash = keccak256(b"bench-%d" % m)
+            reg = training.register_run(prover, spec_hash, keccak256(b"nonce-%d" % m), b"\x01" * 32, b"\x02" * 32, 0,
                                         10**17, m, 10**18)
+            run = compute_run_id(prover.address, spec_hash)
             gas = []
             for i in range(3):
                 for _ in range(2):  # the window's beacon (the block after the previous anchor) must be mined
@@ -270,7 +291,9 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
     results = [bench_shape(s, SHAPES[s], args.repeats, batches) for s in args.shapes.split(",")]
     gas = bench_gas([1, 5, 20, 100]) if args.gas else []
-    table = Table("shape", "params", "step s", "commit s", "lsh s (before)", "ledger s", "state root s (GB/s)",
+    table = Table("shape", "params", "step s", "commit s", "lsh s (before)", "ledger s",
+                  "state root: BLAKE3 s (GB/s)", "v1 sha256 s (GB/s)",
+                  "worker's shard s",
                   "named gather s (before)",
                   "shadow s", "overhead before", "overhead after (CPU)", "after (critical path)", "recompute s", "k",
                   "tokens for 5 %")
@@ -278,6 +301,8 @@ def main() -> None:
         table.add_row(r["shape"], f"{r['params']:,}", f"{r['step_wall_s']:.3f}", f"{r['commit_s']:.4f}",
                       f"{r['lsh_s']:.4f} ({r['lsh_before_s']:.4f})", f"{r['ledger_s']:.4f}",
                       f"{r['state_root_s']:.3f} ({r['state_root_gb_per_s']:.2f})",
+                      f"{r['state_root_sha256_s']:.3f} ({r['state_root_sha256_gb_per_s']:.2f})",
+                      f"{r['state_root_worker_shard_s']:.3f}",
                       f"{r['named_gather_s']:.5f} ({r['named_gather_before_s']:.5f})", f"{r['shadow_s']:.4f}",
                       f"{100 * r['overhead_before_ratio']:.1f} %", f"{100 * r['overhead_ratio']:.1f} %",
                       f"{100 * r['critical_path_overhead_ratio']:.1f} %", f"{r['recompute_s']:.3f}", f"{r['k']:.2f}",

@@ -3,6 +3,7 @@ pragma solidity 0.8.28;
 
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {IValidatorSet, SettledWeight} from "./StakeQuorum.sol";
 import {Verinfer} from "./Verinfer.sol";
 
 /// @title Expert duties of a checked MoE inference (docs/moe.md): every duty an inference used is judged by its own
@@ -167,10 +168,7 @@ contract ExpertDuty is EIP712 {
     /// @notice `who`'s weight at the end of block `blockNumber` as far as it already stood `weightDelay` blocks
     ///         before: min(weightAt(b - weightDelay), weightAt(b)); 0 for b < weightDelay.
     function settledWeightAt(address who, uint256 blockNumber) public view returns (uint256) {
-        if (blockNumber < weightDelay) return 0;
-        uint256 earlier = hub.weightAt(who, blockNumber - weightDelay);
-        uint256 current = hub.weightAt(who, blockNumber);
-        return earlier < current ? earlier : current;
+        return SettledWeight.at(IValidatorSet(address(hub)), who, blockNumber, weightDelay);
     }
 
     // ---- assignment -----------------------------------------------------------------------------

@@ -11,6 +11,18 @@ interface IValidatorSet {
     function unbondingDelay() external view returns (uint256);
 }
 
+/// @notice The settled-weight rule every stake-weighted module applies (one copy: StakeQuorum and ExpertDuty).
+library SettledWeight {
+    /// @notice `who`'s weight at the end of block `blockNumber` as far as it already stood `delay` blocks before:
+    ///         min(weightAt(b − delay), weightAt(b)); 0 for b < delay.
+    function at(IValidatorSet hub, address who, uint256 blockNumber, uint256 delay) internal view returns (uint256) {
+        if (blockNumber < delay) return 0;
+        uint256 earlier = hub.weightAt(who, blockNumber - delay);
+        uint256 current = hub.weightAt(who, blockNumber);
+        return earlier < current ? earlier : current;
+    }
+}
+
 /// @title Signed votes of the hub's validators, tallied by stake until one side holds a supermajority
 /// @notice Shared by the modules beside the hub (training audits, spot-check windows): a verdict there
 ///         settles only when one side holds ≥ 2/3 of the settled weight of every validator eligible at a block
@@ -61,10 +73,7 @@ abstract contract StakeQuorum {
     /// @notice `who`'s weight at the end of block `blockNumber` as far as it already stood `weightDelay` blocks
     ///         before: min(weightAt(b − weightDelay), weightAt(b)); 0 for b < weightDelay.
     function settledWeightAt(address who, uint256 blockNumber) public view returns (uint256) {
-        if (blockNumber < weightDelay) return 0;
-        uint256 earlier = hub.weightAt(who, blockNumber - weightDelay);
-        uint256 current = hub.weightAt(who, blockNumber);
-        return earlier < current ? earlier : current;
+        return SettledWeight.at(hub, who, blockNumber, weightDelay);
     }
 
     /// @notice Σ settled weight and number of the validators eligible at the end of block `blockNumber`.

@@ -71,7 +71,7 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
 
     mapping(bytes32 => Run) public runs;
     mapping(bytes32 => mapping(uint256 => Anchor)) public anchors; // run → anchor index → anchor
-    mapping(bytes32 => bool) public nonceUsed;
+    mapping(bytes32 => bool) public nonceUsed; // keccak256(abi.encode(prover, nonce)) → used
     /// @notice 0 unsettled, 1 passed, 2 failed — per run and step
     mapping(bytes32 => mapping(uint64 => uint8)) public auditResult;
     mapping(address => uint256) public credits;
@@ -125,23 +125,32 @@ contract Training is EIP712, ReentrancyGuard, StakeQuorum {
         maxRequests = maxRequests_;
     }
 
-    /// @notice Register a run with its bond. `nonce` is the verifier's fresh LSH nonce: one run per nonce.
+    /// @notice The id of a run: it binds the prover, so no one can take another prover's run id (issue 31, finding 6).
+    function runIdOf(address prover, bytes32 specHash) public pure returns (bytes32) {
+        return keccak256(abi.encode(prover, specHash));
+    }
+
+    /// @notice Register the sender's run of `specHash` with its bond; its id is `runIdOf(sender, specHash)`. `nonce` is
+    ///         the verifier's fresh LSH nonce: one run per nonce and prover (a nonce seen in the mempool cannot be
+    ///         burnt by someone else's registration).
     function registerRun(
-        bytes32 runId,
+        bytes32 specHash,
         bytes32 nonce,
         bytes32 dataRoot,
         bytes32 procedureHash,
         uint8 initStrategy,
         uint64 auditRateWad,
         uint32 anchorEvery
-    ) external payable {
+    ) external payable returns (bytes32 runId) {
         if (msg.value < minBond) revert BondTooLow(msg.value, minBond);
         if (msg.value > type(uint96).max) revert BadParams();
+        runId = runIdOf(msg.sender, specHash);
         if (runs[runId].prover != address(0)) revert RunExists(runId);
-        if (nonceUsed[nonce]) revert NonceReplayed(nonce);
+        bytes32 nonceKey = keccak256(abi.encode(msg.sender, nonce));
+        if (nonceUsed[nonceKey]) revert NonceReplayed(nonce);
         if (initStrategy >= INIT_STRATEGIES || auditRateWad > WAD || anchorEvery == 0) revert BadParams();
         if (auditRateWad < MIN_AUDIT_RATE_WAD) revert AuditRateTooLow(auditRateWad, MIN_AUDIT_RATE_WAD);
-        nonceUsed[nonce] = true;
+        nonceUsed[nonceKey] = true;
         runs[runId] = Run({
             prover: msg.sender,
             bond: uint96(msg.value),

@@ -11,11 +11,13 @@ contract TrainingTest is Fixture {
     Training internal tr;
     uint256 internal constant PROVER_KEY = 0xC0FFEE;
     address internal prover;
-    bytes32 internal constant RUN = keccak256("run-1");
+    bytes32 internal constant RUN_SPEC = keccak256("run-1"); // the run's spec hash
+    bytes32 internal RUN; // its id: runIdOf(prover, RUN_SPEC)
     bytes32 internal constant NONCE = keccak256("nonce-1");
     uint64 internal constant RATE = 0.5e18;
     uint256 internal constant MAX_REQUESTS = 2;
-    bytes32 internal constant QUIET = keccak256("run-quiet"); // a run at the protocol's lowest rate (few draws)
+    bytes32 internal constant QUIET_SPEC = keccak256("run-quiet"); // a run at the protocol's lowest rate (few draws)
+    bytes32 internal QUIET;
     bytes32 internal constant QUIET_HEAD = keccak256("q5"); // the quiet run's ledger head at its step-5 anchor
 
     function setUp() public override {
@@ -23,9 +25,10 @@ contract TrainingTest is Fixture {
         tr = new Training(IValidatorSet(address(hub)), TREASURY, 1 ether, 2, 100, MAX_REQUESTS, 4);
         vm.roll(vm.getBlockNumber() + 4); // the validators' stake (bonded at 100) has settled (weightDelay)
         prover = vm.addr(PROVER_KEY);
+        (RUN, QUIET) = (tr.runIdOf(prover, RUN_SPEC), tr.runIdOf(prover, QUIET_SPEC));
         vm.deal(prover, 10 ether);
         vm.prank(prover);
-        tr.registerRun{value: 2 ether}(RUN, NONCE, keccak256("data"), keccak256("proc"), 0, RATE, 5);
+        tr.registerRun{value: 2 ether}(RUN_SPEC, NONCE, keccak256("data"), keccak256("proc"), 0, RATE, 5);
     }
 
     function anchorNext(uint64 lastStep, bytes32 head) internal returns (uint256 index) {
@@ -112,12 +115,13 @@ contract TrainingTest is Fixture {
         vm.expectRevert(Training.BadParams.selector);
         tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 0, uint64(1e18 + 1), 5);
         tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 0, floor, 5);
-        (,,,, uint64 rate,,,,,,,) = tr.runs(keccak256("run-2"));
+        (,,,, uint64 rate,,,,,,,) = tr.runs(tr.runIdOf(address(this), keccak256("run-2")));
         assertEq(uint256(rate), uint256(floor), "the floor itself is accepted");
     }
 
     function test_registerRefusesAReplayedNonceALowBondAndBadParams() public {
         vm.deal(address(this), 10 ether);
+        vm.startPrank(prover);
         vm.expectRevert(abi.encodeWithSelector(Training.NonceReplayed.selector, NONCE));
         tr.registerRun{value: 2 ether}(keccak256("run-2"), NONCE, 0, 0, 0, RATE, 5);
         vm.expectRevert(abi.encodeWithSelector(Training.BondTooLow.selector, 0.5 ether, 1 ether));
@@ -125,7 +129,32 @@ contract TrainingTest is Fixture {
         vm.expectRevert(Training.BadParams.selector);
         tr.registerRun{value: 2 ether}(keccak256("run-2"), keccak256("n2"), 0, 0, 1, RATE, 5);
         vm.expectRevert(abi.encodeWithSelector(Training.RunExists.selector, RUN));
-        tr.registerRun{value: 2 ether}(RUN, keccak256("n3"), 0, 0, 0, RATE, 5);
+        tr.registerRun{value: 2 ether}(RUN_SPEC, keccak256("n3"), 0, 0, 0, RATE, 5);
+        vm.stopPrank();
+    }
+
+    /// @dev Issue 31, finding 6: a front-runner copies a prover's pending registration (same spec hash, same nonce,
+    ///      a higher gas price). Before the fix it took the run id and burnt the nonce: the prover's own
+    ///      registration reverted RunExists / NonceReplayed. Now the copy is the front-runner's own run under another
+    ///      id, and the prover's registration goes through with its nonce.
+    function test_aCopiedRegistrationNeitherTakesTheRunIdNorBurnsTheNonce() public {
+        address victim = vm.addr(0xB0B);
+        address thief = vm.addr(0x7AF);
+        vm.deal(victim, 10 ether);
+        vm.deal(thief, 10 ether);
+        bytes32 spec = keccak256("victim-spec");
+        bytes32 nonce = keccak256("victim-nonce");
+        vm.prank(thief); // mined first
+        bytes32 stolen = tr.registerRun{value: 2 ether}(spec, nonce, keccak256("data"), keccak256("proc"), 0, RATE, 5);
+        vm.prank(victim);
+        bytes32 id = tr.registerRun{value: 2 ether}(spec, nonce, keccak256("data"), keccak256("proc"), 0, RATE, 5);
+        assertTrue(id != stolen, "ids bind the prover");
+        assertEq(id, tr.runIdOf(victim, spec), "the documented id");
+        (address owner,,,,,,,,,,,) = tr.runs(id);
+        assertEq(owner, victim, "the victim owns its run");
+        (owner,,,,,,,,,,,) = tr.runs(stolen);
+        assertEq(owner, thief, "the copy is the thief's own run (its bond, its audits)");
+        assertTrue(tr.nonceUsed(keccak256(abi.encode(victim, nonce))), "the victim's nonce is spent by the victim");
     }
 
     function test_anchorsAreBatchedWindowsByTheProverOnly() public {
@@ -306,7 +335,7 @@ contract TrainingTest is Fixture {
     function registerQuiet() internal {
         uint64 floor = tr.MIN_AUDIT_RATE_WAD(); // read before the prank: the call would consume it
         vm.prank(prover);
-        tr.registerRun{value: 2 ether}(QUIET, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, floor, 5);
+        tr.registerRun{value: 2 ether}(QUIET_SPEC, keccak256("nonce-quiet"), keccak256("data"), keccak256("proc"), 0, floor, 5);
     }
 
     /// @dev The quiet run registered and anchored at step 5 with head QUIET_HEAD; returns the anchor's index.

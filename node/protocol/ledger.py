@@ -86,6 +86,16 @@ class LedgerEntry:
     head: bytes = b""
 
 
+def compute_run_id(prover: str, spec_hash: bytes) -> bytes:
+    """Return a run's id, keccak256(abi.encode(address prover, bytes32 spec hash)): Training.runIdOf's mirror."""
+    if len(spec_hash) != 32:
+        raise InvalidTraining(f"spec hash of {len(spec_hash)} bytes", TrainingReason.LEDGER_MALFORMED)
+    address = bytes.fromhex(prover.removeprefix("0x"))
+    if len(address) != 20:
+        raise InvalidTraining(f"prover address of {len(address)} bytes", TrainingReason.LEDGER_MALFORMED)
+    return keccak256(b"\x00" * 12 + address + spec_hash)
+
+
 def compute_genesis_head(run_id: bytes) -> bytes:
     """Return h(−1) of a run."""
     if len(run_id) != 32:

@@ -103,7 +103,7 @@ def audit_job(spec: RunSpec, out_dir: Path, tolerance: AuditTolerance, auditor_t
     from eth_account import Account
 
     torch.set_num_threads(auditor_threads)
-    entries = read_published_ledger(out_dir / "ledger.jsonl", spec.spec_hash(), Account.from_key(PROVER_KEY).address)
+    entries = read_published_ledger(out_dir / "ledger.jsonl", spec.run_id(), Account.from_key(PROVER_KEY).address)
     ctx = AuditContext(spec=spec, corpus=load_corpus(spec.corpus_files, spec.seq_len), beacons=get_local_beacons(spec),
                        entries=tuple(entries), tolerance=tolerance)
     verdicts = []
@@ -230,7 +230,7 @@ def measure_trajectory_job(spec: RunSpec, out_dir: Path, name: str, threads: int
     from eth_account import Account
 
     run_audited_job(spec, out_dir, threads=threads, cheats=cheats, rate_wad=0)
-    entries = read_published_ledger(out_dir / "ledger.jsonl", spec.spec_hash(), Account.from_key(PROVER_KEY).address)
+    entries = read_published_ledger(out_dir / "ledger.jsonl", spec.run_id(), Account.from_key(PROVER_KEY).address)
     try:
         verify_declared_schedule(entries, get_declared_schedule(spec))
         error = ""

@@ -108,16 +108,18 @@ def make_runs(plan: DevnetPlan) -> list[DevnetRun]:
     hidden-state cheater with the named positions restored and the honest state served to its step's audit)."""
     steps, anchor_every = plan.steps, plan.anchor_every
 
-    def spec(data_seed: int) -> RunSpec:
-        return RunSpec(shape=get_shape(plan.shape), steps=steps, anchor_every=anchor_every,
+    def spec(data_seed: int, prover: LocalAccount) -> RunSpec:
+        return RunSpec(prover=prover.address, shape=get_shape(plan.shape), steps=steps, anchor_every=anchor_every,
                        audit_rate=plan.audit_rate, data_seed=data_seed, seq_len=plan.seq_len,
                        batch_per_worker=plan.batch_per_worker, keep_checkpoints=plan.keep_checkpoints,
                        lsh_nonce=secrets.token_hex(32), response_deadline_s=60.0)
 
     cheating = range(anchor_every + 1, steps + 1)
-    return [DevnetRun("honest", spec(1), dev_account(3), ()),
-            DevnetRun("cheater", spec(2), dev_account(4), tuple(Cheat("undeclared-batch", t) for t in cheating)),
-            DevnetRun("hidden-state", spec(3), dev_account(7), tuple(Cheat("swap", t) for t in cheating))]
+    return [DevnetRun("honest", spec(1, dev_account(3)), dev_account(3), ()),
+            DevnetRun("cheater", spec(2, dev_account(4)), dev_account(4),
+                      tuple(Cheat("undeclared-batch", t) for t in cheating)),
+            DevnetRun("hidden-state", spec(3, dev_account(7)), dev_account(7),
+                      tuple(Cheat("swap", t) for t in cheating))]
 
 
 def deploy_devnet(w3: Web3) -> tuple[TrainingContract, str, list[LocalAccount]]:
@@ -173,7 +175,7 @@ def run_prover(out: Path, anvil: Anvil, training: TrainingContract, run: DevnetR
     folder = out / run.name
     remove_job_outputs(folder)
     audits = ChainAudits(rpc_url=anvil.url, contract=training.address, prover_key=bytes(run.account.key),
-                         run_id=run.spec.spec_hash(), final_step=run.spec.steps, anchor_every=run.spec.anchor_every)
+                         run_id=run.spec.run_id(), final_step=run.spec.steps, anchor_every=run.spec.anchor_every)
     run_job(JobPlan(spec=run.spec, out_dir=folder, prover_key=bytes(run.account.key),
                     audits=audits, port=find_free_port(), cheats=run.cheats))
 
@@ -184,7 +186,7 @@ def run_provers(out: Path, anvil: Anvil, training: TrainingContract, runs: list[
     a prover stopped by the chain (slashed) ends only its own run."""
     for run in runs:
         try:
-            if training.get_run(run.spec.spec_hash()).prover == ZERO_ADDRESS:
+            if training.get_run(run.spec.run_id()).prover == ZERO_ADDRESS:
                 register(training, run)
             run_prover(out, anvil, training, run)
         except Exception:  # a slashed prover's next anchor reverts and its job ends; the next prover still runs
@@ -196,11 +198,11 @@ def get_chain_state(training: TrainingContract, runs: list[DevnetRun], treasury:
     out: dict[str, Any] = {"treasury_credits": training.credits(treasury), "runs": {}}
     settled = training.get_events("AuditSettled", 0)
     for run in runs:
-        rec = training.get_run(run.spec.spec_hash())
+        rec = training.get_run(run.spec.run_id())
         audits = [{"step": int(e["args"]["step"]), "valid": bool(e["args"]["valid"]),
                    "reason": int(e["args"]["reason"]), "block": int(e["blockNumber"])}
-                  for e in settled if bytes(e["args"]["runId"]) == run.spec.spec_hash()]
-        out["runs"][run.name] = {"run_id": run.spec.spec_hash().hex(), "bond": rec.bond, "slashed": rec.slashed,
+                  for e in settled if bytes(e["args"]["runId"]) == run.spec.run_id()]
+        out["runs"][run.name] = {"run_id": run.spec.run_id().hex(), "bond": rec.bond, "slashed": rec.slashed,
                                  "anchors": rec.anchors, "last_step": rec.last_step, "audits": audits}
     return out
 
@@ -258,7 +260,7 @@ def record_devnet(out: Path, runs: list[DevnetRun]) -> list[str]:
     trace_ids = []
     with WorkloadRecord.open(out / "record") as rec:
         for run in runs:
-            mine = [a for a in audits if a["run"] == run.spec.spec_hash().hex()]
+            mine = [a for a in audits if a["run"] == run.spec.run_id().hex()]
             trace_ids.append(record_run(rec, run.spec, out / run.name, get_run_param_count(run.spec), mine))
     return trace_ids
 

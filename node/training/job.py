@@ -47,7 +47,12 @@ from node.protocol.lsh import (
     compute_sketch_with_plan,
     is_audited,
 )
-from node.protocol.training_state import compute_data_cursor, compute_state_root
+from node.protocol.training_state import (
+    compute_data_cursor,
+    compute_root_from_shards,
+    compute_shard_digests,
+    compute_state_root,
+)
 from node.training.corpus import get_batch_ids, load_corpus
 from node.training.ledger_store import LedgerStore, encode_entry, sign_head
 from node.training.model import (
@@ -249,8 +254,10 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
         state = compute_step_update(plan, state, grad, step, beacon)
         logged = grad[grad.numel() // 2:] if swap else grad
         set_params_vector(model, state.params)
+        # every replica holds Z(t): each hashes its 1/N of the state root's chunks (issue 30: the binding's cost ÷ N)
+        shard = compute_shard_digests(state.params.numpy(), state.momentum.numpy(), rank, spec.workers)
         gathered: list[Any] = [None] * (spec.workers + 1) if rank == 0 else []
-        dist.gather_object((root, replica_lsh.tolist(), loss, ids, declared.tolist(), sketch),
+        dist.gather_object((root, replica_lsh.tolist(), loss, ids, declared.tolist(), sketch, shard),
                            gathered if rank == 0 else None, dst=0)
         if writer is not None:
             parts = gathered[: spec.workers]
@@ -258,7 +265,8 @@ def _worker_loop(rank: int, plan: JobPlan) -> None:
             # the sketch is linear: the all-reduced gradient's is the mean of the replicas' (no second projection)
             mean_sketch = np.mean([p[5] for p in parts], axis=0)
             writer.write(state, beacon, tuple(p[0] for p in parts), tuple(tuple(p[1]) for p in parts), mean_sketch,
-                         float(np.mean([p[2] for p in parts])), float(logged.norm()), get_logged_lr(plan, step))
+                         float(np.mean([p[2] for p in parts])), float(logged.norm()), get_logged_lr(plan, step),
+                         shards=[p[6] for p in parts])
             with (plan.out_dir / "steps.jsonl").open("a") as f:  # timings for the workload record's trace
                 f.write(json.dumps({"step": step, "start_ns": started_ns, "end_ns": time.time_ns()}) + "\n")
         del grad, logged  # the next step's backward must not find this one's gradient still alive
@@ -308,10 +316,14 @@ def _anchor(plan: JobPlan, writer: _LedgerWriter | None, first: int, last: int) 
     return None if box[0] is None else list(box[0])
 
 
-def compute_train_state_root(state: TrainState, global_batch: int) -> bytes:
-    """Return the state root of Z(t) (params ‖ momentum, step, data cursor) hashed from the tensors, no Z built."""
-    return compute_state_root(state.params.numpy(), state.momentum.numpy(), state.step,
-                              compute_data_cursor(state.step, global_batch))
+def compute_train_state_root(state: TrainState, global_batch: int,
+                             shards: list[dict[tuple[int, int], bytes]] | None = None) -> bytes:
+    """Return the state root of Z(t) (params ‖ momentum, step, data cursor): from the replicas' shard digests when
+    given, else hashed here from the tensors (no Z built)."""
+    cursor = compute_data_cursor(state.step, global_batch)
+    if shards is not None:
+        return compute_root_from_shards(state.step, cursor, (state.params.numel(), state.momentum.numel()), shards)
+    return compute_state_root(state.params.numpy(), state.momentum.numpy(), state.step, cursor)
 
 
 class _LedgerWriter:
@@ -323,7 +335,7 @@ class _LedgerWriter:
 
     def __init__(self, plan: JobPlan) -> None:
         self.plan = plan
-        self.run_id = plan.spec.spec_hash()
+        self.run_id = plan.spec.run_id()
         self.store = LedgerStore(plan.out_dir / "ledger", self.run_id)
         self.account = Account.from_key(plan.prover_key)
         self._head = compute_genesis_head(self.run_id)
@@ -338,14 +350,15 @@ class _LedgerWriter:
 
     def write(self, state: TrainState, beacon: bytes, roots: tuple[bytes, ...],
               replica_lsh: tuple[tuple[int, ...], ...], mean_sketch: np.ndarray | None, loss: float, grad_norm: float,
-              lr: float) -> None:
-        """Queue the entry of the state just reached (step 0: no batch, no sketch)."""
+              lr: float, shards: list[dict[tuple[int, int], bytes]] | None = None) -> None:
+        """Queue the entry of the state just reached (step 0: no batch, no sketch; shards: the replicas' state-root
+        chunk digests, None to hash the whole state here)."""
         self.pending.append(self.pool.submit(self._write, state, beacon, roots, replica_lsh, mean_sketch, loss,
-                                             grad_norm, lr))
+                                             grad_norm, lr, shards))
 
     def _write(self, state: TrainState, beacon: bytes, roots: tuple[bytes, ...],
                replica_lsh: tuple[tuple[int, ...], ...], mean_sketch: np.ndarray | None, loss: float, grad_norm: float,
-               lr: float) -> None:
+               lr: float, shards: list[dict[tuple[int, int], bytes]] | None) -> None:
         spec = self.plan.spec
         positions = compute_named_positions(beacon, state.step, 2 * state.params.numel(), spec.named_positions)
         lsh: tuple[int, ...] = ()
@@ -355,7 +368,7 @@ class _LedgerWriter:
             run_id=self.run_id, step=state.step, prev_head=self._head, positions=tuple(positions.tolist()),
             values=tuple(get_named_values(state, positions).tolist()), batch_roots=roots, lsh=lsh,
             replica_lsh=replica_lsh, loss=loss, grad_norm=grad_norm, lr=lr, state_root=compute_train_state_root(
-                state, spec.global_batch)))
+                state, spec.global_batch, shards)))
         signature = sign_head(self.account, self.run_id, entry.step, entry.head)
         self.store.process_entry(entry, signature)
         with (self.plan.out_dir / "ledger.jsonl").open("ab") as f:  # the published copy auditors read

@@ -81,7 +81,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def compute_trace(spec: RunSpec, out_dir: Path, distributed: Graph, audits: list[dict[str, Any]]) -> Trace:
     """Return the run's trace from its step timings, ledger, announcements, responses and verdicts."""
-    run = spec.spec_hash().hex()[:16]
+    run = spec.run_id().hex()[:16]
     reducer = next(op.op_id for op in distributed.ops if op.name == "stablehlo.all_reduce")
     ledger = {d["step"]: d for d in _read_jsonl(out_dir / "ledger.jsonl")}
     events: list[TraceEvent] = []

@@ -137,8 +137,8 @@ class WatchedRun:
 
     @property
     def run_id(self) -> bytes:
-        """Return the run id (its spec hash)."""
-        return self.spec.spec_hash()
+        """Return the run id (prover and spec hash)."""
+        return self.spec.run_id()
 
 
 def verify_anchor_head(entries: list[LedgerEntry], last_step: int, head: bytes) -> None:
@@ -166,7 +166,7 @@ def is_declared_on_chain(run: WatchedRun, data_root: bytes, procedure_hash: byte
     prover registering its own run at a rate below its spec's would be drawn less: issue 30, finding 3)."""
     corpus = load_corpus(run.spec.corpus_files, run.spec.seq_len)
     return (data_root == corpus.data_root and procedure_hash == run.spec.procedure_hash()
-            and prover.lower() == run.prover.lower() and audit_rate_wad == run.spec.audit_rate_wad
+            and prover.lower() == run.prover.lower() == run.spec.prover and audit_rate_wad == run.spec.audit_rate_wad
             and anchor_every == run.spec.anchor_every)
 
 

@@ -7,9 +7,10 @@ import json
 from decimal import Decimal
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node.protocol.hashing import keccak256
+from node.protocol.ledger import compute_run_id
 
 
 class ModelShape(BaseModel):
@@ -82,6 +83,9 @@ class RunSpec(BaseModel):
     lr_peak: float = Field(0.01, gt=0)
     warmup_steps: int = Field(3, ge=0)
     momentum: float = Field(0.9, ge=0, lt=1)
+    # the prover's address: in the spec hash (so the LSH seed) and in the run id (Training.runIdOf), so a copied
+    # registration is another prover's run with another seed (issue 31, finding 6)
+    prover: str = Field("0x" + "00" * 20, pattern=r"^0x[0-9a-fA-F]{40}$")
     lsh_nonce: str = Field("00" * 32, pattern=r"^[0-9a-f]{64}$")  # the verifier's fresh nonce for this run
     lsh_kind: Literal["count-sketch", "block-sign"] = "block-sign"  # node.protocol.lsh's sketch kinds
     lsh_dim: int = Field(256, gt=1)
@@ -92,6 +96,12 @@ class RunSpec(BaseModel):
     audit_rate: float = Field(0.25, ge=0, le=1)
     response_deadline_s: float = Field(30.0, gt=0)
 
+    @field_validator("prover")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        """Return the address in lower case (one spec hash per prover, whatever the checksum casing)."""
+        return value.lower()
+
     @property
     def global_batch(self) -> int:
         """Return samples per step across workers."""
@@ -100,6 +110,10 @@ class RunSpec(BaseModel):
     def spec_hash(self) -> bytes:
         """Return keccak256 of the canonical JSON (keys sorted, no whitespace)."""
         return keccak256(json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+
+    def run_id(self) -> bytes:
+        """Return the run's id on chain: keccak256(abi.encode(prover, spec hash))."""
+        return compute_run_id(self.prover, self.spec_hash())
 
     @property
     def audit_rate_wad(self) -> int:

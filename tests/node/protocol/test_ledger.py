@@ -14,6 +14,7 @@ from node.protocol.ledger import (
     compute_batch_root,
     compute_entry_head,
     compute_genesis_head,
+    compute_run_id,
     seal_entry,
     verify_batch_root,
     verify_chain,
@@ -127,3 +128,17 @@ def test_window_index_matches_the_contracts_anchor_windows():
     assert [compute_window_index(t, 1) for t in range(4)] == [0, 0, 1, 2]
     with pytest.raises(InvalidTraining):
         compute_window_index(-1, 5)
+
+
+def test_run_id_golden_vector_and_prover_binding():
+    """compute_run_id is keccak256(abi.encode(address, bytes32)), Training.runIdOf (the anvil test compares them)."""
+    spec = keccak256(b"spec")
+    assert compute_run_id("0x000000000000000000000000000000000000dEaD", spec).hex() == (
+        "fdc923ed0758916e0f4b7eef836af4a24953b9610fb9fda52f45dd7bafa3c8e9")
+    assert compute_run_id("0x000000000000000000000000000000000000dead", spec) == compute_run_id(
+        "0x000000000000000000000000000000000000dEaD", spec), "the checksum casing does not matter"
+    assert compute_run_id("0x" + "11" * 20, spec) != compute_run_id("0x" + "22" * 20, spec)
+    with pytest.raises(InvalidInput):
+        compute_run_id("0x" + "11" * 19, spec)
+    with pytest.raises(InvalidInput):
+        compute_run_id("0x" + "11" * 20, spec[:31])

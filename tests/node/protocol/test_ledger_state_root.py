@@ -1,11 +1,11 @@
 """The training-state root: an independent re-implementation, a golden vector, and that it binds every entry."""
 
-import hashlib
 import struct
 
 import numpy as np
 import pytest
 import sha3
+from blake3 import blake3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,8 +14,11 @@ from node.protocol.training_state import (
     CHUNK_ENTRIES,
     compute_data_cursor,
     compute_root_from_digests,
+    compute_root_from_shards,
     compute_segment_digests,
+    compute_shard_digests,
     compute_state_root,
+    get_chunk_shard,
 )
 
 
@@ -29,13 +32,13 @@ def reference_root(params: np.ndarray, momentum: np.ndarray, step: int, cursor: 
     for segment, values in enumerate((params, momentum)):
         for j, start in enumerate(range(0, values.size, chunk)):
             part = values[start:start + chunk]
-            digest = hashlib.sha256(part.astype("<f4").tobytes()).digest()
+            digest = blake3(part.astype("<f4").tobytes()).digest()
             leaves.append(keccak(bytes([segment]) + j.to_bytes(8, "big") + part.size.to_bytes(8, "big") + digest))
     layer = leaves or [b"\x00" * 32]
     while len(layer) > 1:
         nxt = [keccak(min(a, b) + max(a, b)) for a, b in zip(layer[::2], layer[1::2], strict=False)]
         layer = nxt + ([layer[-1]] if len(layer) % 2 else [])
-    header = b"verinfer-training-state-v1" + struct.pack(">QQQQI", step, cursor, params.size, momentum.size, chunk)
+    header = b"verinfer-training-state-v2" + struct.pack(">QQQQI", step, cursor, params.size, momentum.size, chunk)
     return keccak(header + layer[0])
 
 
@@ -44,7 +47,7 @@ def test_golden_vector():
     momentum = np.array([0.0, -0.0, 1e-3, 3.5, -7.25], dtype=np.float32)
     root = compute_state_root(params, momentum, 3, 12)
     assert root == reference_root(params, momentum, 3, 12, CHUNK_ENTRIES)
-    assert root.hex() == "6fbd7c6b0d6773bc941f7a2b8da15b697b70d01210e5e13056da1cc18bdd2744"
+    assert root.hex() == "8835fd6a11d348a8030fd489a8e8b767258f1c4722f3e2f3de9029221ba2d581"
 
 
 def test_a_multi_chunk_state_matches_the_reference_and_binds_step_and_cursor():
@@ -87,3 +90,27 @@ def test_the_ledger_head_binds_the_state_root():
     assert compute_entry_head(moved) != entry.head
     with pytest.raises(InvalidTraining):
         compute_entry_head(LedgerEntry(**{**entry.__dict__, "state_root": b"\x02" * 31}))
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_replicas_hashing_their_shards_give_the_same_root(ranks):
+    """Data-parallel replicas hash every ranks-th chunk (global order); the merged digests give the one root."""
+    rng = np.random.default_rng(ranks)
+    params = rng.standard_normal(2 * CHUNK_ENTRIES + 5).astype(np.float32)
+    momentum = rng.standard_normal(CHUNK_ENTRIES + 3).astype(np.float32)
+    shards = [compute_shard_digests(params, momentum, r, ranks) for r in range(ranks)]
+    sizes = (params.size, momentum.size)
+    assert sum(len(get_chunk_shard(sizes, r, ranks)) for r in range(ranks)) == 5
+    assert compute_root_from_shards(4, 16, sizes, shards) == compute_state_root(params, momentum, 4, 16)
+
+
+def test_shards_must_cover_every_chunk_exactly_once():
+    params, momentum = np.ones(CHUNK_ENTRIES + 1, np.float32), np.ones(3, np.float32)
+    sizes = (params.size, momentum.size)
+    a, b = (compute_shard_digests(params, momentum, r, 2) for r in range(2))
+    with pytest.raises(InvalidTraining):
+        compute_root_from_shards(1, 4, sizes, [a])  # a replica's shard missing
+    with pytest.raises(InvalidTraining):
+        compute_root_from_shards(1, 4, sizes, [a, b, a])  # given twice
+    with pytest.raises(InvalidTraining):
+        get_chunk_shard(sizes, 2, 2)

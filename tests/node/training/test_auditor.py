@@ -167,8 +167,8 @@ def test_the_auditor_refuses_a_run_registered_at_another_rate_or_m_than_its_spec
     from node.training.corpus import load_corpus
     from node.training.service import WatchedRun, is_declared_on_chain
 
-    spec = RunSpec(audit_rate=0.4, anchor_every=5)
     prover = "0x" + "11" * 20
+    spec = RunSpec(prover=prover, audit_rate=0.4, anchor_every=5)
     run = WatchedRun(out_dir=Path("."), prover=prover, spec=spec)
     root = load_corpus(spec.corpus_files, spec.seq_len).data_root
     assert spec.audit_rate_wad == 4 * 10**17
@@ -177,3 +177,6 @@ def test_the_auditor_refuses_a_run_registered_at_another_rate_or_m_than_its_spec
     assert not is_declared_on_chain(run, root, spec.procedure_hash(), prover, 10**17, 5)
     assert not is_declared_on_chain(run, root, spec.procedure_hash(), prover, 4 * 10**17, 1)
     assert spec.procedure_hash() != spec.model_copy(update={"audit_rate": 0.1}).procedure_hash()
+    # issue 31, finding 6: the declaration names its prover (its run id and LSH seed depend on it)
+    other = WatchedRun(out_dir=Path("."), prover=prover, spec=spec.model_copy(update={"prover": "0x" + "22" * 20}))
+    assert not is_declared_on_chain(other, root, spec.procedure_hash(), prover, 4 * 10**17, 5)

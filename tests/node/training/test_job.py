@@ -48,17 +48,17 @@ def test_the_ledger_is_signed_and_refuses_tampering(honest, tmp_path):
 
     path = honest / "ledger.jsonl"
     prover = Account.from_key(PROVER_KEY).address
-    assert len(read_published_ledger(path, SPEC.spec_hash(), prover)) == SPEC.steps + 1
+    assert len(read_published_ledger(path, SPEC.run_id(), prover)) == SPEC.steps + 1
     lines = path.read_text().splitlines()
     d = json.loads(lines[3])
     d["values"][0] += 1.0
     bad = tmp_path / "ledger.jsonl"
     bad.write_text("\n".join([*lines[:3], json.dumps(d), *lines[4:]]) + "\n")
     with pytest.raises(InvalidTraining) as e:
-        read_published_ledger(bad, SPEC.spec_hash(), prover)
+        read_published_ledger(bad, SPEC.run_id(), prover)
     assert e.value.training_reason == TrainingReason.LEDGER_NOT_CHAINED
     with pytest.raises(InvalidTraining):
-        read_published_ledger(path, SPEC.spec_hash(), Account.from_key(b"\x09" * 32).address)
+        read_published_ledger(path, SPEC.run_id(), Account.from_key(b"\x09" * 32).address)
 
 
 @pytest.mark.e2e

@@ -9,7 +9,7 @@ from chain.devnet import dev_account
 from chain.errors import ContractReverted
 from chain.training import compute_verdict_digest
 from node.protocol.hashing import keccak256
-from node.protocol.ledger import TrainingReason, compute_audit_draw
+from node.protocol.ledger import TrainingReason, compute_audit_draw, compute_run_id
 from node.protocol.lsh import is_audited
 from node.training.onchain import ChainAudits, get_audited_steps, submit_audit_vote
 
@@ -26,6 +26,7 @@ def test_beacons_come_from_the_block_after_the_previous_anchor(net):
     run = keccak256(b"run-beacon")
     receipt = training.register_run(prover, run, keccak256(b"nonce-beacon"), b"\x01" * 32, b"\x02" * 32, 0, RATE, 5,
                                     10**18)
+    run = compute_run_id(prover.address, run)  # the id binds the prover
     with pytest.raises(ContractReverted) as e:
         training.beacon(run, 0)
     assert e.value.error == "DrawNotReady"
@@ -46,6 +47,7 @@ def test_one_validator_cannot_settle_two_do_and_the_cheater_is_slashed(net):
     _, w3, training, validators, prover, treasury = net
     run, nonce = keccak256(b"run-a"), keccak256(b"nonce-a")
     training.register_run(prover, run, nonce, b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 2 * 10**18)
+    run = compute_run_id(prover.address, run)  # the id binds the prover
     with pytest.raises(ContractReverted) as e:
         training.register_run(prover, keccak256(b"run-b"), nonce, b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 2 * 10**18)
     assert e.value.error == "NonceReplayed"
@@ -79,10 +81,24 @@ def test_one_validator_cannot_settle_two_do_and_the_cheater_is_slashed(net):
     assert e.value.error == "NotRunning"
 
 
+def test_the_run_id_binds_the_prover_and_matches_the_protocol(net):
+    """Issue 31, finding 6 on anvil: Training.runIdOf is node.protocol.ledger.compute_run_id, and a prover's copied
+    registration (same spec hash, same nonce) neither takes its run id nor burns its nonce."""
+    _, _, training, _, prover, _ = net
+    thief = dev_account(8)
+    spec, nonce = keccak256(b"spec-copied"), keccak256(b"nonce-copied")
+    assert training.run_id_of(prover.address, spec) == compute_run_id(prover.address, spec)
+    training.register_run(thief, spec, nonce, b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 10**18)  # mined first
+    training.register_run(prover, spec, nonce, b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 10**18)
+    assert training.get_run(compute_run_id(prover.address, spec)).prover == prover.address
+    assert training.get_run(compute_run_id(thief.address, spec)).prover == thief.address
+
+
 def test_a_non_validator_vote_is_refused(net):
     _, w3, training, _, prover, _ = net
     run = keccak256(b"run-c")
     training.register_run(prover, run, keccak256(b"nonce-c"), b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 10**18)
+    run = compute_run_id(prover.address, run)  # the id binds the prover
     mine(w3, 2)
     training.anchor(prover, run, 5, keccak256(b"h"))
     mine(w3, 2)
@@ -97,6 +113,7 @@ def test_a_vote_is_recorded_before_it_is_signed_and_a_changed_mind_is_refused(ne
     _, w3, training, validators, prover, _ = net
     run = keccak256(b"run-protect")
     training.register_run(prover, run, keccak256(b"nonce-protect"), b"\x01" * 32, b"\x02" * 32, 0, RATE, 5, 10**18)
+    run = compute_run_id(prover.address, run)  # the id binds the prover
     mine(w3, 2)
     training.anchor(prover, run, 5, keccak256(b"head-protect"))
     mine(w3, 2)
@@ -120,6 +137,7 @@ def anchored_quiet_run(w3, training, prover, name: bytes, last_step: int = 5):
         run, head = keccak256(b"run-" + tag), keccak256(b"head-" + tag)
         training.register_run(prover, run, keccak256(b"nonce-" + tag), b"\x01" * 32, b"\x02" * 32, 0, QUIET, 5,
                               10**18)
+        run = compute_run_id(prover.address, run)  # the id binds the prover
         mine(w3, 2)
         receipt = training.anchor(prover, run, last_step, head)
         mine(w3, 2)

@@ -33,12 +33,13 @@ def register_unpublished_run(w3, training, prover, tmp_path):
     out.mkdir()
     (out / "ledger.jsonl").write_bytes(b"")
     for _ in range(30):  # a fresh run until window 0's draw picks none of its steps (P = 0.9⁶ = 0.53 each)
-        spec = RunSpec(audit_rate=QUIET / 10**18, response_deadline_s=0.3, steps=10, anchor_every=5,
+        spec = RunSpec(prover=prover.address, audit_rate=QUIET / 10**18, response_deadline_s=0.3, steps=10,
+                       anchor_every=5,
                        lsh_nonce=secrets.token_hex(32))
         corpus = load_corpus(spec.corpus_files, spec.seq_len)
-        run_id = spec.spec_hash()
-        training.register_run(prover, run_id, bytes.fromhex(spec.lsh_nonce), corpus.data_root, spec.procedure_hash(),
-                              0, spec.audit_rate_wad, spec.anchor_every, 10**18)
+        run_id = spec.run_id()
+        training.register_run(prover, spec.spec_hash(), bytes.fromhex(spec.lsh_nonce), corpus.data_root,
+                              spec.procedure_hash(), 0, spec.audit_rate_wad, spec.anchor_every, 10**18)
         mine(w3, 2)
         training.anchor(prover, run_id, 5, keccak256(b"head-" + run_id))
         mine(w3, 2)
@@ -174,12 +175,12 @@ class RequestingAudits:
 
 def test_the_prover_serves_a_requested_step_and_its_valid_verdict_settles_on_chain(net, tmp_path):
     node, w3, training, validators, prover, _ = net
-    spec = RunSpec(steps=10, anchor_every=5, keep_checkpoints=10, lsh_nonce=secrets.token_hex(32),
-                   audit_rate=QUIET / 10**18)
+    spec = RunSpec(prover=prover.address, steps=10, anchor_every=5, keep_checkpoints=10,
+                   lsh_nonce=secrets.token_hex(32), audit_rate=QUIET / 10**18)
     corpus = load_corpus(spec.corpus_files, spec.seq_len)
-    run_id, out = spec.spec_hash(), tmp_path / "prover"
-    training.register_run(prover, run_id, bytes.fromhex(spec.lsh_nonce), corpus.data_root, spec.procedure_hash(), 0,
-                          spec.audit_rate_wad, spec.anchor_every, 10**18)
+    run_id, out = spec.run_id(), tmp_path / "prover"
+    training.register_run(prover, spec.spec_hash(), bytes.fromhex(spec.lsh_nonce), corpus.data_root,
+                          spec.procedure_hash(), 0, spec.audit_rate_wad, spec.anchor_every, 10**18)
     audits = RequestingAudits(ChainAudits(rpc_url=node.url, contract=training.address, prover_key=bytes(prover.key),
                                           run_id=run_id, final_step=spec.steps, anchor_every=spec.anchor_every,
                                           draw_timeout_s=30.0), bytes(validators[0].key), 2)
