@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from node.calibrate.runs import forge_leaf
-from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest, Prefill
+from node.engines.base import ClaimsIdentityOf, Engine, Generation, GenerationRequest, Prefill
 from node.protocol.sampler import sample_position
 from node.protocol.seed import compute_sampler_uniforms
 
 
 @dataclass
-class PrefillAttackEngine:
+class PrefillAttackEngine(ClaimsIdentityOf):
     """Text from a cheap engine; leaves and hidden states from one prefill of the real model.
 
     The leaves are forged so that stage 1 passes with the cheap tokens chosen (the harder variant):
@@ -25,16 +25,6 @@ class PrefillAttackEngine:
 
     cheap: Engine
     real: Engine
-
-    @property
-    def info(self) -> EngineInfo:
-        """Claim to be the real engine."""
-        return self.real.info
-
-    @property
-    def vocab_size(self) -> int:
-        """Return the real model's vocabulary size."""
-        return self.real.vocab_size
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate with the cheap engine, then dress the text in the real model's leaves."""
@@ -53,24 +43,14 @@ class PrefillAttackEngine:
 
 
 @dataclass
-class _OnTheRealModel:
+class _OnTheRealModel(ClaimsIdentityOf):
     """A cheater built on the real model: claims its identity and prefills honestly."""
 
-    honest: Engine
-
-    @property
-    def info(self) -> EngineInfo:
-        """Claim the honest engine's identity."""
-        return self.honest.info
-
-    @property
-    def vocab_size(self) -> int:
-        """Return the vocabulary size."""
-        return self.honest.vocab_size
+    real: Engine
 
     def prefill(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Prefill:
         """Prefill honestly."""
-        return self.honest.prefill(prompt_ids, output_ids)
+        return self.real.prefill(prompt_ids, output_ids)
 
 
 @dataclass
@@ -85,7 +65,7 @@ class ForgedChoiceEngine(_OnTheRealModel):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate honestly, then change one chosen token."""
         out = []
-        for gen in self.honest.generate(requests):
+        for gen in self.real.generate(requests):
             if len(gen.samples) <= self.position:
                 out.append(gen)
                 continue
@@ -111,7 +91,7 @@ class TemperatureLieEngine(_OnTheRealModel):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate each request at its declared temperature + delta."""
-        return self.honest.generate([replace(r, params=replace(r.params, temperature=r.params.temperature + self.delta))
+        return self.real.generate([replace(r, params=replace(r.params, temperature=r.params.temperature + self.delta))
                                      for r in requests])
 
 
@@ -127,6 +107,6 @@ class TruncatingEngine(_OnTheRealModel):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Generate at most `keep` tokens of each request."""
-        return self.honest.generate([replace(r, params=replace(r.params, max_tokens=min(self.keep,
+        return self.real.generate([replace(r, params=replace(r.params, max_tokens=min(self.keep,
                                                                                           r.params.max_tokens)))
                                      for r in requests])

@@ -65,6 +65,22 @@ class EngineInfo:
     device: str
 
 
+class ClaimsIdentityOf:
+    """A wrapper engine that answers as `real`: its identity and vocabulary are the wrapped engine's."""
+
+    real: Engine
+
+    @property
+    def info(self) -> EngineInfo:
+        """Return the wrapped engine's identity."""
+        return self.real.info
+
+    @property
+    def vocab_size(self) -> int:
+        """Return the wrapped model's vocabulary size."""
+        return self.real.vocab_size
+
+
 @runtime_checkable
 class Engine(Protocol):
     """An inference backend (transformers, vLLM) for one loaded model."""

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from node.engines.base import Engine, EngineInfo, Generation, GenerationRequest, Prefill
+from node.engines.base import ClaimsIdentityOf, Engine, Generation, GenerationRequest, Prefill
 from node.moe.trace import ExpertRows, MoeTrace, compute_expert_output, record_trace
 from node.protocol.moe import ExpertKey
 
@@ -215,7 +215,7 @@ def int8_experts(model: Any) -> Iterator[None]:
 
 
 @dataclass
-class DecodeOnlyEngine:
+class DecodeOnlyEngine(ClaimsIdentityOf):
     """An executer engine that decodes cheaply and claims the real model: what an MoE operator cheats with.
 
     `generate` runs the cheap decode (`cheat(real model)` active around the real engine, or another engine
@@ -227,16 +227,6 @@ class DecodeOnlyEngine:
     real: Engine
     cheat: Callable[[Any], AbstractContextManager[None]] | None = None
     cheap: Engine | None = None  # another engine decodes instead (the dense parent)
-
-    @property
-    def info(self) -> EngineInfo:
-        """Claim the real engine's identity."""
-        return self.real.info
-
-    @property
-    def vocab_size(self) -> int:
-        """Return the real model's vocabulary size."""
-        return self.real.vocab_size
 
     @property
     def model(self) -> Any:
