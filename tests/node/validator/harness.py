@@ -104,6 +104,24 @@ def tiny_thresholds(tiny) -> Stage2Thresholds:
                             fingerprint=profile.fingerprint_thresholds())
 
 
+def run(coro) -> None:
+    """Run a test scenario to completion."""
+    asyncio.run(coro)
+
+
+async def start(h) -> tuple[asyncio.Event, asyncio.Task]:
+    """Start the harness's validator node; return its stop event and task."""
+    stop = asyncio.Event()
+    h.task = asyncio.create_task(h.node.run(stop))
+    return stop, h.task
+
+
+async def finish(stop: asyncio.Event, task: asyncio.Task, timeout_s: float = 20.0) -> None:
+    """Stop the node and wait for its task (failures included) within timeout_s."""
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout_s)
+
+
 @asynccontextmanager
 async def harness(tiny, tmp_path: Path, committee: int = 1, projection: Any = None,
                   **config: Any) -> AsyncIterator[Harness]:

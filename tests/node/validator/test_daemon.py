@@ -20,22 +20,7 @@ from node.errors import FatalError
 from node.keys import create_keystore, unlock_keystore, write_keystore
 from node.protocol.hashing import keccak256
 from node.store.leveldb import ConflictingVerdict, VerdictRecord
-from tests.node.validator.harness import corrupt_artifact, free_port, harness
-
-
-def run(coro) -> None:
-    asyncio.run(coro)
-
-
-async def start(h) -> tuple[asyncio.Event, asyncio.Task]:
-    stop = asyncio.Event()
-    h.task = asyncio.create_task(h.node.run(stop))
-    return stop, h.task
-
-
-async def finish(stop: asyncio.Event, task: asyncio.Task) -> None:
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+from tests.node.validator.harness import corrupt_artifact, finish, free_port, harness, run, start
 
 
 def test_an_honest_inference_gets_a_valid_verdict_and_metrics_and_health_answer(tiny, tmp_path: Path) -> None:

@@ -10,26 +10,14 @@ from chain.contracts import Commitment, Status, Vote
 from chain.eip712 import Verdict, sign_verdict
 from chain.errors import ChainUnavailable
 from node.errors import FatalError, Reason
-from tests.node.validator.harness import harness
+from tests.node.validator.harness import finish, harness, run, start
 
 
 class SimulatedCrash(FatalError):
     """Stands for kill -9 at one step: the node stops there, with nothing written after it."""
 
 
-def run(coro) -> None:
-    asyncio.run(coro)
 
-
-async def start(h) -> tuple[asyncio.Event, asyncio.Task]:
-    stop = asyncio.Event()
-    h.task = asyncio.create_task(h.node.run(stop))
-    return stop, h.task
-
-
-async def finish(stop: asyncio.Event, task: asyncio.Task) -> None:
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
 
 
 def sample(h, name: str, labels: dict[str, str]) -> float:

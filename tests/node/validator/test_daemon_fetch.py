@@ -11,7 +11,7 @@ from aiohttp import web
 
 from chain.contracts import Status
 from node.errors import Reason
-from tests.node.validator.harness import harness
+from tests.node.validator.harness import finish, harness, run, start
 
 
 def not_found(_: dict[str, Any]) -> dict[str, Any]:
@@ -19,15 +19,6 @@ def not_found(_: dict[str, Any]) -> dict[str, Any]:
     raise web.HTTPNotFound(reason="unknown inference id")
 
 
-async def start(h) -> tuple[asyncio.Event, asyncio.Task]:
-    stop = asyncio.Event()
-    h.task = asyncio.create_task(h.node.run(stop))
-    return stop, h.task
-
-
-async def finish(stop: asyncio.Event, task: asyncio.Task) -> None:
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
 
 
 def test_a_payload_served_only_after_a_while_is_checked_and_the_inference_settles_valid(tiny, tmp_path) -> None:
@@ -44,7 +35,7 @@ def test_a_payload_served_only_after_a_while_is_checked_and_the_inference_settle
             assert h.store.get_verdict(iid).valid
             await finish(stop, task)
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
 def test_a_payload_never_served_is_voted_unavailable_inside_the_check_window(tiny, tmp_path) -> None:
@@ -59,4 +50,4 @@ def test_a_payload_never_served_is_voted_unavailable_inside_the_check_window(tin
             assert record is not None and not record.valid and record.reason == Reason.PAYLOAD_UNAVAILABLE
             await finish(stop, task)
 
-    asyncio.run(scenario())
+    run(scenario())

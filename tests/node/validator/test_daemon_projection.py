@@ -9,8 +9,7 @@ from chain.contracts import Status
 from node.engines.models import ProjectionConfig
 from node.errors import Reason
 from node.executer.chain_mode import ChainGate
-from tests.node.validator.harness import harness
-from tests.node.validator.test_daemon import finish, run, start
+from tests.node.validator.harness import finish, harness, run, start
 
 LAST = ProjectionConfig(layers=("last",), k=16, bits=2)
 
