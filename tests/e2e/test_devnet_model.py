@@ -13,6 +13,7 @@ from node.devnet.network import get_operator_kinds
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # two whole devnets of several minutes each: `bash scripts/test -m slow` (CI time, issue 34)
 # gemma-3-270m: a base model, the requester sends completion prompts; the vllm-stock entry: a stock-sampler model
 # (docs/protocol.md §13.1), operators commit the stock commitment and validators judge on Token-DiFR
 @pytest.mark.parametrize("model", ["gemma-3-270m", "smollm2-135m-instruct-vllm-stock"])
