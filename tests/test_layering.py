@@ -8,7 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # node.protocol is pure: these are the only modules it may import.
-PROTOCOL_ALLOWED = {"__future__", "base64", "binascii", "collections", "dataclasses", "enum", "functools", "hashlib",
+PROTOCOL_ALLOWED = {"__future__", "base64", "binascii", "blake3", "collections", "dataclasses", "enum", "functools", "hashlib",
                     "itertools", "json", "math", "struct", "typing", "numpy", "sha3", "zstandard"}
 # I/O, clocks, randomness and heavy adapters that pure code must never touch.
 IO_MODULES = {"os", "io", "sys", "socket", "asyncio", "time", "datetime", "random", "subprocess", "pathlib",
