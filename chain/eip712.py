@@ -1,4 +1,4 @@
-"""EIP-712 verdicts (DESIGN.md §2): the typed data, its digest, signing and recovery with eth-account."""
+"""EIP-712 verdicts (docs/protocol.md): the typed data, its digest, signing and recovery with eth-account."""
 
 from __future__ import annotations
 

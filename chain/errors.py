@@ -1,6 +1,6 @@
 """The chain adapter's exceptions: one root, recoverable (retry later) vs fatal (stop), with a code.
 
-``chain`` imports nothing from ``node`` (DESIGN.md §3), so it keeps its own small tree; the node
+``chain`` imports nothing from ``node`` (docs/architecture.md), so it keeps its own small tree; the node
 wraps these at its boundary.
 """
 

@@ -146,7 +146,7 @@ def position_rule_vectors() -> list[dict[str, Any]]:
 
 
 def termination_vectors() -> list[dict[str, Any]]:
-    """Return termination-rule cases for one leaf (DESIGN.md §5), as proveTermination applies them."""
+    """Return termination-rule cases for one leaf (docs/security.md rule 3), as proveTermination applies them."""
     cases = [(3, True, 4, 8), (3, False, 4, 8), (3, False, 4, 4), (3, True, 4, 4), (1, True, 4, 8), (1, True, 4, 4),
              (1, False, 4, 8), (7, False, 4, 8), (0, True, 9, 8), (0, False, 1, 1), (0, False, 1, 2), (0, True, 1, 2)]
     return [{"position": p, "chosen_is_stop": stop, "output_length": n, "max_tokens": m,

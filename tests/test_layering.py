@@ -1,4 +1,4 @@
-"""Imports point one way (DESIGN.md §3): protocol ← checks ← executer/validator; chain knows nothing of node."""
+"""Imports point one way (docs/architecture.md): protocol ← checks ← executer/validator; chain knows nothing of node."""
 
 import ast
 from pathlib import Path

@@ -34,7 +34,7 @@ abstract contract ModelRegistry is AccessControl {
     uint256 public constant MAX_STOP_TOKENS = 8;
 
     mapping(bytes32 => Model) public models;
-    /// @dev The model's stop tokens (DESIGN.md §5 termination rule); fixed at registration, as the vocabulary is.
+    /// @dev The model's stop tokens (docs/security.md rule 3: the termination rule); fixed at registration, as the vocabulary is.
     mapping(bytes32 => uint32[]) internal stopTokens;
 
     event ModelRegistered(bytes32 indexed modelId, uint256 k, uint256 vocabSize, bytes32 profileHash);

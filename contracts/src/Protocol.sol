@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.28;
 
-/// @title verinfer protocol v1, the parts the chain computes (DESIGN.md §2)
+/// @title verinfer protocol v1, the parts the chain computes (docs/protocol.md)
 /// @notice Mirrors node/protocol (seed.py, sequence.py, reputation.py, artifact.py) bit for bit;
 ///         tests/vectors/protocol_v1.json pins both sides.
 library Protocol {
@@ -24,7 +24,7 @@ library Protocol {
     uint16 internal constant CHOSEN_OUT_OF_RANGE = 405;
     uint16 internal constant CHOSEN_MISMATCH = 406;
     uint16 internal constant TAIL_TOKEN_IN_CANDIDATES = 407;
-    // Termination rule (DESIGN.md §5): 305 is a header code, 408/409 per position.
+    // Termination rule (docs/security.md rule 3): 305 is a header code, 408/409 per position.
     uint16 internal constant OUTPUT_TOO_LONG = 305;
     uint16 internal constant NOT_TERMINATED = 408;
     uint16 internal constant TOKENS_AFTER_STOP = 409;

@@ -79,7 +79,7 @@ contract ProtocolViews {
         return Protocol.findPositionViolation(leaf, k, v, vocabSize);
     }
 
-    /// @notice The termination rule for one leaf (DESIGN.md §5), as proveTermination applies it.
+    /// @notice The termination rule for one leaf (docs/security.md rule 3), as proveTermination applies it.
     function findTerminationViolation(uint256 position, bool chosenIsStop, uint256 outputLength, uint256 maxTokens)
         external
         pure

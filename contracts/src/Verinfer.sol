@@ -9,7 +9,7 @@ import {Staking} from "./Staking.sol";
 import {ModelRegistry} from "./ModelRegistry.sol";
 
 /// @title verinfer: inference commitments, committee verdicts, Bayesian reputation, slashing, fraud proofs
-/// @notice One inference's life (DESIGN.md §1): request → commit → selection (fixed by a block hash
+/// @notice One inference's life (docs/protocol.md §10): request → commit → selection (fixed by a block hash
 ///         that did not exist at commit time) → EIP-712 verdicts from the committee until a quorum
 ///         decides, or the check window ends → fees. A stage-1 forgery can be proven by anyone from
 ///         one Merkle leaf until the fraud window ends.
@@ -346,7 +346,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
 
     // ---- verdicts -------------------------------------------------------------------------------
 
-    /// @notice EIP-712 digest a validator signs for a verdict (DESIGN.md §2).
+    /// @notice EIP-712 digest a validator signs for a verdict (docs/protocol.md).
     function verdictDigest(
         uint256 id,
         bytes32 artifactRoot,
@@ -502,7 +502,7 @@ contract Verinfer is Staking, ModelRegistry, EIP712 {
         _convict(id, inf, status, position, reason);
     }
 
-    /// @notice Prove that a committed output breaks the termination rule (DESIGN.md §5): shorter than
+    /// @notice Prove that a committed output breaks the termination rule (docs/security.md rule 3): shorter than
     ///         max_tokens without ending on a stop token (the empty output too), longer than max_tokens, or
     ///         going on after a stop token. With `leaf` empty it is a header-level proof over `positionsRoot`;
     ///         otherwise `leaf` is the committed leaf of the position it names, with its Merkle proof.

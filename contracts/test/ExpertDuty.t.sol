@@ -344,7 +344,7 @@ contract ExpertDutyTest is Fixture {
         ed.submitExpertVerdicts(id, its);
     }
 
-    /// @dev Invariant of DESIGN §5: no draw depends on stake added after commit − weightDelay — a newcomer's bond or
+    /// @dev Invariant of docs/security.md rule 9: no draw depends on stake added after commit − weightDelay — a newcomer's bond or
     ///      an old validator's top-up in the last `weightDelay` blocks leaves every draw as it was without it.
     function testFuzz_noDrawDependsOnStakeAddedWithinTheDelay(uint96 amount, uint8 offset, uint8 who) public {
         amount = uint96(bound(amount, 1 ether, 10_000 ether));

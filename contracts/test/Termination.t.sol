@@ -6,7 +6,7 @@ import {Verinfer} from "../src/Verinfer.sol";
 import {Protocol} from "../src/Protocol.sol";
 import {ProtocolViews} from "../src/ProtocolViews.sol";
 
-/// @dev The termination rule's fraud proof (DESIGN.md §5, issue 15 finding 6): empty, truncated, over-long
+/// @dev The termination rule's fraud proof (docs/security.md rule 3, issue 15 finding 6): empty, truncated, over-long
 ///      outputs and outputs that go on after a stop token are slashable from the header and one leaf.
 contract TerminationTest is Fixture {
     /// @dev A canonical header (node.protocol.artifact.encode_header) with a 3-token prompt.

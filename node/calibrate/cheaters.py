@@ -100,7 +100,7 @@ class TruncatingEngine(_OnTheRealModel):
     """The real model, stopped after `keep` tokens while claiming the declared max_tokens (a cheap, cut answer).
 
     Every leaf is honest, so the sampler rule holds at every position: only the termination rule
-    (DESIGN.md §5: shorter than max_tokens ⇒ ends on a stop token) gives it away, in stage 1 and on chain.
+    (docs/security.md rule 3: shorter than max_tokens ⇒ ends on a stop token) gives it away, in stage 1 and on chain.
     """
 
     keep: int = 4

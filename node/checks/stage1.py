@@ -1,4 +1,4 @@
-"""Stage 1, the sequence check (DESIGN.md §2): artifact + RNG only, exact integer arithmetic.
+"""Stage 1, the sequence check (docs/protocol.md): artifact + RNG only, exact integer arithmetic.
 
 The per-position rules are ``node.protocol.sequence.find_position_violation`` applied to every
 position at once with numpy; the first failing position (and the first rule it breaks) is returned.

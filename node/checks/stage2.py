@@ -1,4 +1,4 @@
-"""Stage 2, the distribution check (DESIGN.md §2): measurements from one prefill, no decisions.
+"""Stage 2, the distribution check (docs/protocol.md): measurements from one prefill, no decisions.
 
 Input: the artifact, the validator's own logits for every generated position (one teacher-forced
 pass over prompt + output on the claimed model and dtype) and its hidden states. Output: a frozen

@@ -76,7 +76,7 @@ class ModelSpec(BaseModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     k: int = Field(5, ge=1, le=64)
     vocab_size: int = Field(gt=0)
-    # The tokens that end a response (the termination rule, DESIGN.md §5): registered on chain with the
+    # The tokens that end a response (the termination rule, docs/security.md rule 3): registered on chain with the
     # model; the executer stops on these and stage 1 requires a short output to end on one.
     stop_token_ids: tuple[int, ...] = Field(min_length=1, max_length=8)
     chat: bool = True

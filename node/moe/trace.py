@@ -1,7 +1,7 @@
 """Record what a Mixtral did per MoE layer (router inputs, routing, per-expert outputs) and commit to it.
 
 The executer records the trace in one teacher-forced pass over prompt + output after generating (as the
-dense fingerprint, DESIGN.md §2: in fp32 decode and prefill agree to ~1e-5). Hooks on every sparse-MoE
+dense fingerprint, docs/protocol.md: in fp32 decode and prefill agree to ~1e-5). Hooks on every sparse-MoE
 block capture the block's input (the post-attention-norm row, the router's and every expert's input) and
 its output (the weighted mix). Routing is read from the block's own router; each routed expert's unweighted
 output is recomputed on the rows routed to it with the same torch operations as the block, so the values

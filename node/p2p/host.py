@@ -6,7 +6,7 @@ is declared in node/p2p/wire.py. The answer is only bytes: the caller checks the
 on-chain commitments before caching or passing them on, and scores the peer down if they do not
 match; a peer under the floor is dropped.
 
-Whatever a peer sends, it ends at most its own stream (DESIGN §5, finding 5 of issue 15): every
+Whatever a peer sends, it ends at most its own stream (docs/security.md rule 5, finding 5 of issue 15): every
 wire field is range-checked before use, each stream handler is isolated, libp2p's own (pubsub,
 identify, ping) included (an error is logged, counted in `counts` and resets that stream only), a
 peer has at most `max_streams_per_peer` payload streams at once, a request must arrive within

@@ -1,1 +1,1 @@
-"""Protocol v1 as an executable spec (DESIGN.md §2): pure functions, no I/O, clock or global RNG."""
+"""Protocol v1 as an executable spec (docs/protocol.md): pure functions, no I/O, clock or global RNG."""

@@ -1,4 +1,4 @@
-"""The artifact (DESIGN.md §2): header, per-position leaves, roots, and its canonical wire form.
+"""The artifact (docs/protocol.md): header, per-position leaves, roots, and its canonical wire form.
 
 Binary layout (all big-endian):
 

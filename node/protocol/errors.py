@@ -68,7 +68,7 @@ class Reason(IntEnum):
     CHOSEN_OUT_OF_RANGE = 405
     CHOSEN_MISMATCH = 406
     TAIL_TOKEN_IN_CANDIDATES = 407
-    # The termination rule (DESIGN.md §5), per position like the sampler's; 305 is its header-level code.
+    # The termination rule (docs/security.md rule 3), per position like the sampler's; 305 is its header-level code.
     NOT_TERMINATED = 408
     TOKENS_AFTER_STOP = 409
 

@@ -1,4 +1,4 @@
-"""Activation fingerprints in TOPLOC's wire format (DESIGN.md §2), built and measured with numpy.
+"""Activation fingerprints in TOPLOC's wire format (docs/protocol.md), built and measured with numpy.
 
 Source: the last hidden state after the final norm, cast to bf16 (round to nearest even). Rows
 ``[0, P)`` (the prompt) form chunk 0; rows ``[P, P+N-1)`` (generated tokens fed back) form chunks of

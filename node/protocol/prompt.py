@@ -1,4 +1,4 @@
-"""Prompt binding (DESIGN.md §2): promptHash as the requester computes it, and outputHash's input.
+"""Prompt binding (docs/protocol.md): promptHash as the requester computes it, and outputHash's input.
 
 promptHash = sha256(canonical JSON of {"model": "0x<model id>", "messages": [...]} or
 {"model": …, "prompt": "<text>"}), keys sorted, no insignificant whitespace, UTF-8 (not ASCII-escaped).

@@ -1,4 +1,4 @@
-"""Bayesian spoofer probability (DESIGN.md §2): float reference and the contract's 1e18 fixed point.
+"""Bayesian spoofer probability (docs/protocol.md): float reference and the contract's 1e18 fixed point.
 
 α is the model's calibrated false-positive rate, β = P(valid verdict | spoofer).
 invalid: P' = P(1−β) / (P(1−β) + (1−P)α);  valid: P' = Pβ / (Pβ + (1−P)(1−α)).

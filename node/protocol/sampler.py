@@ -1,4 +1,4 @@
-"""The canonical sampler (DESIGN.md §2): distribution, integer weights, candidates and the walk.
+"""The canonical sampler (docs/protocol.md): distribution, integer weights, candidates and the walk.
 
 Decisions where §2 is silent or would break its own stage-1 rules (also in docs/protocol.md):
 

@@ -1,4 +1,4 @@
-"""run_seed and the counter-based per-position uniforms (DESIGN.md §2)."""
+"""run_seed and the counter-based per-position uniforms (docs/protocol.md)."""
 
 from __future__ import annotations
 

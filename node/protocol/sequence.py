@@ -1,4 +1,4 @@
-"""The stage-1 rule for one position (DESIGN.md §2), as the contract's fraud proof applies it.
+"""The stage-1 rule for one position (docs/protocol.md), as the contract's fraud proof applies it.
 
 This is the executable spec: one leaf, one uniform, scalar integer arithmetic. ``node.checks.stage1``
 applies the same rules to a whole artifact at once, and tests hold the two to the same answers.
@@ -52,7 +52,7 @@ def find_length_violation(output_length: int, max_tokens: int) -> Reason:
 
 
 def find_termination_violation(position: int, chosen_is_stop: bool, output_length: int, max_tokens: int) -> Reason:
-    """Return the termination rule a leaf at `position` breaks (DESIGN.md §5), or Reason.OK.
+    """Return the termination rule a leaf at `position` breaks (docs/security.md rule 3), or Reason.OK.
 
     Only the last position may hold a stop token, and it must when the output is shorter than
     max_tokens: the sampler chose the stop there like any other token. The contract's

@@ -196,7 +196,7 @@ def test_tail_exhaustion_boundary_vectorised():
     assert POSITION_RULES[int(np.argmax(matrix[:, 1]))] is Reason.TAIL_TOKEN_IN_CANDIDATES
 
 
-# ---- the termination rule (DESIGN.md §5, issue 15 finding 6) ----------------------------------------------
+# ---- the termination rule (docs/security.md rule 3, issue 15 finding 6) ----------------------------------------------
 
 
 def _with_stop(req: SyntheticRequest, stops: set[int], max_tokens: int | None = None) -> SyntheticRequest:

@@ -61,7 +61,7 @@ def test_wrong_seed_and_malformed_parts_are_typed(tiny):
 
 
 
-# ---- the termination rule through the executer (DESIGN.md §5, issue 15 finding 6) -------------------------
+# ---- the termination rule through the executer (docs/security.md rule 3, issue 15 finding 6) -------------------------
 
 
 @dataclass
