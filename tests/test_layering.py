@@ -8,8 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # node.protocol is pure: these are the only modules it may import.
-PROTOCOL_ALLOWED = {"__future__", "base64", "binascii", "blake3", "collections", "dataclasses", "enum", "functools", "hashlib",
-                    "itertools", "json", "math", "struct", "typing", "numpy", "sha3", "zstandard"}
+PROTOCOL_ALLOWED = {"__future__", "base64", "binascii", "blake3", "collections", "dataclasses", "enum", "functools",
+                    "hashlib", "itertools", "json", "math", "struct", "typing", "numpy", "sha3", "zstandard"}
 # I/O, clocks, randomness and heavy adapters that pure code must never touch.
 IO_MODULES = {"os", "io", "sys", "socket", "asyncio", "time", "datetime", "random", "subprocess", "pathlib",
               "logging", "threading", "multiprocessing", "shutil", "tempfile", "requests", "aiohttp", "web3",
@@ -81,3 +81,92 @@ def test_production_code_never_imports_the_demo_or_the_cheaters(path):
     # the cheating engines (node.calibrate) and the devnet exist to attack and exercise the node, never to run in it
     assert not any(n.startswith(("node.devnet", "node.calibrate", "node.moe.attacks", "node.moe.calibration"))
                    for n in imports_of(path)), path
+
+
+# ---- the floor map (docs/architecture.md; issue 33) -------------------------------------------------------------
+# Imports point down or stay on their floor. A room is a package (or a top-level module) of node/ or chain.
+FLOORS = {"node.protocol": 0, "node.errors": 1, "node.keys": 1, "node.logs": 1, "chain": 2,
+          "node.engines": 3, "node.store": 3, "node.p2p": 3, "node.checks": 3, "node.profiles": 3,
+          "node.executer": 4, "node.validator": 4, "node.moe": 4, "node.training": 4, "node.spotcheck": 4,
+          "node.workload": 4, "node.selfcheck": 4, "node.devnet": 5, "node.calibrate": 5, "node.cli": 6}
+# Arrows that still point up, by importing module → room: each is to be removed, and this list may only shrink.
+KNOWN_UPWARD = {
+    ("node.devnet.network", "node.cli"),  # the devnet reuses `models register`'s model_registration
+    ("node.engines.models", "node.moe"),  # the registry builds an upcycled MoE (to invert: the builder registers)
+}
+# Rooms that import each other (directly or around a circle), as sets: each is to be broken; may only shrink.
+KNOWN_CIRCLES = [
+    {"node.cli", "node.devnet"},
+    {"node.engines", "node.executer", "node.moe", "node.profiles", "node.validator", "node.workload"},
+]
+
+
+def room_of(module: str) -> str | None:
+    """Return the room a dotted module belongs to (None: not ours)."""
+    if module.startswith("node.cli"):
+        return "node.cli"
+    for room in sorted(FLOORS, key=len, reverse=True):
+        if module == room or module.startswith(room + "."):
+            return room
+    return None
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_edges(paths: list[Path]) -> set[tuple[str, str]]:
+    """Return (importing module, imported room) for every import between two different rooms."""
+    edges = set()
+    for path in paths:
+        source = module_of(path)
+        for name in imports_of(path):
+            room = room_of(name)
+            if room is not None and room != room_of(source):
+                edges.add((source, room))
+    return edges
+
+
+def upward(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    return {(m, r) for m, r in edges if FLOORS[r] > FLOORS[room_of(m) or r]}
+
+
+def circles(edges: set[tuple[str, str]]) -> list[set[str]]:
+    """Return the strongly connected groups of rooms (more than one room each)."""
+    graph: dict[str, set[str]] = {room: set() for room in FLOORS}
+    for m, r in edges:
+        graph[room_of(m) or r].add(r)
+    reach = {room: set(graph[room]) for room in graph}
+    for _ in FLOORS:  # transitive closure (few rooms)
+        for room in reach:
+            reach[room] |= set().union(*(reach[r] for r in reach[room]))
+    groups = {frozenset({a} | {b for b in reach[a] if a in reach[b]}) for a in graph}
+    return sorted((set(g) for g in groups if len(g) > 1), key=sorted)
+
+
+EDGES = import_edges([p for base in ("node", "chain") for p in files(base) if room_of(module_of(p))])
+
+
+def test_every_module_has_a_floor():
+    assert not [p for base in ("node", "chain") for p in files(base) if room_of(module_of(p)) is None
+                and module_of(p) != "node"]
+
+
+def test_no_import_points_up_but_the_known_ones():
+    assert upward(EDGES) == KNOWN_UPWARD, "a new upward import (or a known one removed: shrink KNOWN_UPWARD)"
+
+
+def test_no_circle_but_the_known_ones():
+    assert circles(EDGES) == sorted(KNOWN_CIRCLES, key=sorted), "a new circle (or one broken: shrink KNOWN_CIRCLES)"
+
+
+def test_the_floor_checker_sees_a_planted_upward_import_and_circle(tmp_path):
+    planted = ROOT / "node" / "protocol" / "_planted_for_test.py"
+    planted.write_text("from node.validator import daemon\n")
+    try:
+        edges = import_edges([planted]) | {("node.validator.daemon", "node.protocol")}
+        assert ("node.protocol._planted_for_test", "node.validator") in upward(edges)
+        assert {"node.protocol", "node.validator"} in circles(edges)
+    finally:
+        planted.unlink()

@@ -120,7 +120,7 @@ contract ExpertDuty is EIP712 {
     error NotAssignedTo(uint32 duty, address signer);
 
     constructor(Verinfer hub_, uint256 perDuty_, uint256 weightDelay_) EIP712("verinfer-experts", "1") {
-        // never one judge (docs/security.md rule 3): a duty settles by a majority (perDuty / 2 + 1 >= 2) of its drawn judges
+        // never one judge (docs/security.md rule 9): a duty settles by a majority (perDuty / 2 + 1 >= 2) of its drawn judges
         if (address(hub_) == address(0) || perDuty_ < 2 || perDuty_ > 16 || weightDelay_ == 0) revert BadParams();
         hub = hub_;
         perDuty = perDuty_;

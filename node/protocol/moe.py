@@ -423,9 +423,9 @@ def compute_expert_assignment(randomness: bytes, duties: Iterable[ExpertKey], ho
 
     Draw j of duty (L, e): u = uint256(keccak256(randomness ‖ uint16 L ‖ uint16 e ‖ uint32 j)) mod the
     remaining stake, walked over every validator with stake > 0 in ascending address order. randomness must be
-    fixed after the commit and stakes be the settled weights at the commit (compute_settled_weight; docs/security.md rule 3):
-    no one chooses the duties it judges. Fewer than per_duty validators: no duty is covered (ASSIGNMENT_UNCOVERED;
-    on chain the open reverts `Uncoverable`).
+    fixed after the commit and stakes be the settled weights at the commit (compute_settled_weight; docs/security.md
+    rule 9): no one chooses the duties it judges. Fewer than per_duty validators: no duty is covered
+    (ASSIGNMENT_UNCOVERED; on chain the open reverts `Uncoverable`).
     """
     if len(randomness) != 32 or per_duty < 1:
         raise InvalidMoe("assignment needs 32 bytes of randomness and per_duty >= 1", MoeReason.MOE_MALFORMED)

@@ -40,7 +40,9 @@ def test_the_int8_expert_operator_is_slashed_by_the_hub_committee_and_the_honest
 
 
 @pytest.mark.e2e
-@pytest.mark.slow  # ≈ 6 min; the cheat itself is caught in CI by tests/node/moe/test_moe_decode_only.py + test_dense_vote.py
+# ≈ 6 min: a slow campaign; the cheat itself is caught in CI by tests/node/moe/test_moe_decode_only.py and
+# test_dense_vote.py
+@pytest.mark.slow
 def test_the_decode_only_cheater_passes_every_duty_and_is_slashed_by_the_hub_committees_dense_check(
         tmp_path: Path) -> None:
     """Issue 30: tokens from the dense parent, traced by the real SmolLM2 MoE: every duty passes, the hub committee's

@@ -1,4 +1,4 @@
-"""The registered stop tokens (docs/security.md rule 3: the termination rule): the ones each model's generation really ends on."""
+"""The registered stop tokens (docs/security.md rule 3, the termination rule): those each model's generation ends on."""
 
 import json
 
