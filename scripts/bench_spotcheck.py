@@ -155,6 +155,9 @@ def bench_latency(run_s: float, rate_hz: float, answer_path: str = "prioritised"
         out[name] = summarise(cluster.records, {d.device_id for d in roster})
         out[name]["gc_pause_ms_max"] = max((p for log in cluster.logs for p in log.gc_pauses_ms), default=0.0)
         out[name]["steps"] = sum(len(log.steps) for log in cluster.logs)
+        serve = [x for log in cluster.logs for x in log.serve_ms]  # on the device: recv returned → answer sent
+        out[name]["device_serve_ms"] = {"p50": float(np.percentile(serve, 50)), "p99": float(np.percentile(serve, 99)),
+                                        "max": max(serve)} if serve else {}
         out[name]["load"] = __import__("os").getloadavg()[0]
     return out
 
@@ -266,7 +269,8 @@ def run_part(part: str, quick: bool) -> None:
             for name, lat in scenarios.items():
                 console.print(f"{path:12s} {name:16s} p50 {lat['p50_ms']:7.1f} p99 {lat['p99_ms']:7.1f} max "
                               f"{lat['max_ms']:7.1f} ms  n={lat['n']} missing {lat['missing']} steps {lat['steps']} "
-                              f"load {lat['load']:.1f}")
+                              f"load {lat['load']:.1f}; device serve p99 {lat['device_serve_ms'].get('p99', 0):.1f} "
+                              f"max {lat['device_serve_ms'].get('max', 0):.1f} ms")
     else:
         out = bench_throughput(20.0 if quick else 30.0, 10.0, 1 if quick else 2)
         for key, v in out.items():

@@ -91,6 +91,7 @@ class DeviceLog:
     tokens: list[int] = field(default_factory=list)
     answered_states: dict[int, np.ndarray] = field(default_factory=dict)
     gc_pauses_ms: list[float] = field(default_factory=list)
+    serve_ms: list[float] = field(default_factory=list)  # per answered frame: recv returned → answer sent
     undeclared_s: float = 0.0  # the gaps cheat: CPU seconds of undeclared compute (for the report, not the verifier)
     answers: int = 0
     refusals: int = 0
@@ -292,11 +293,13 @@ class SimDevice:
                     return
                 if not data:
                     return
+                t0 = time.perf_counter()
                 for item in decoder.feed(data):
                     try:
                         conn.sendall(encode_frame(self.process_frame(item)))
                     except OSError:
                         return
+                    self.log.serve_ms.append((time.perf_counter() - t0) * 1e3)
 
     def serve(self, server: socket.socket) -> None:
         """Accept connections (the pinger's, a test's) and serve each in its own thread."""

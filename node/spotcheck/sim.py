@@ -134,13 +134,14 @@ class SimConfig(BaseModel):
     honest_late_rate: float = Field(0.002, ge=0, lt=1)
     false_alarm_target: float = Field(1e-6, gt=0, lt=1)
     min_undeclared_bytes: int = 1 << 20  # no model worth hiding fits in 1 MiB (tiny-llama alone is 26 MB)
-    # the declared-throughput check (docs/spotcheck.md, "Idle capacity"): the catalogue's peak FLOP/s of the
-    # sim's device kind per device second (a CPU second of the device's process: the sim's devices share cores),
-    # the share of it each declared model reaches there (measured flat out, honest), and the least utilisation
-    # a window may show (from the honest spread)
+    # the declared-throughput check (docs/spotcheck.md, "Declared throughput"): the catalogue's peak FLOP/s of
+    # the sim's device kind per device second (a CPU second of the device's process: the sim's devices share
+    # cores); the share of it each declared model reaches there, honest and flat out (median of 48 tiny-llama
+    # and 12 SmolLM2 windows: 3.06 and 17.06 GFLOP per CPU second); the least utilisation a window may show: the
+    # worst honest window (0.70 of the median, tiny-llama) over the same 1.5 margin X keeps over honest latency
     compute_flops: float = 50e9
-    achieved_share: dict[str, float] = Field(default_factory=lambda: {MODEL_NAME: 0.3, SMOL_NAME: 0.7})
-    min_utilisation: float = Field(0.0, ge=0, le=1)
+    achieved_share: dict[str, float] = Field(default_factory=lambda: {MODEL_NAME: 0.0612, SMOL_NAME: 0.341})
+    min_utilisation: float = Field(0.46, ge=0, le=1)
     audit_steps: int = Field(16, ge=0)  # declared steps per window whose token the verifier replays
     timeout_ms: float = 10_000.0
     cpu_hog: bool = True
