@@ -511,7 +511,12 @@ def get_feasibility(record: WorkloadRecord, run_id: str, config: SimConfig, resu
                                free_bytes=declaration.catalog_bytes - declaration.accounted_bytes,
                                min_undeclared_bytes=config.min_undeclared_bytes)
     margins = compute_feasibility_margins(inputs)
-    return {"inputs": asdict(inputs), "margins": asdict(margins), "sound": is_sound(margins)}
+    utilisation = [m.utilisation for d in honest for m in d.measurements]
+    throughput = {"honest_utilisation_min": min(utilisation, default=0.0),
+                  "honest_utilisation_max": max(utilisation, default=0.0), "min_utilisation": config.min_utilisation,
+                  "margin": (min(utilisation, default=0.0) / config.min_utilisation if config.min_utilisation
+                             else float("inf"))}
+    return {"inputs": asdict(inputs), "margins": asdict(margins), "sound": is_sound(margins), "throughput": throughput}
 
 
 def get_result_json(result: SimResult) -> dict[str, Any]:
