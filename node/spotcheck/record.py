@@ -105,7 +105,8 @@ def process_write_device(record: WorkloadRecord, run_id: str, run: DeviceRun) ->
             events.append(TraceEvent(f"response/{r.seq}", "response", r.kind, run.device_id, r.sent_ns, r.sent_ns,
                                      (), (("error", r.error), ("missing", "1"))))
     # a meter reading ties the pinger's clock to the device's CPU time ("sync": the record has no meter kind)
-    events += [TraceEvent(f"meter/{i}", "sync", "cpu_meter", run.device_id, m.t_ns, m.t_ns, (), (("cpu_ns", str(m.cpu_ns)),))
+    events += [TraceEvent(f"meter/{i}", "sync", "cpu_meter", run.device_id, m.t_ns, m.t_ns, (),
+                          (("cpu_ns", str(m.cpu_ns)),))
                for i, m in enumerate(run.meter)]
     for step, state in sorted(run.log.answered_states.items()):
         record.put_tensor(state, role="state", name=f"{run.device_id}/state/{step}", event_id=f"step/{step}",

@@ -374,10 +374,11 @@ def verify_device(record: WorkloadRecord, run_id: str, spec: SimDeviceSpec, oper
     for w, exchanges in sorted(windows.items()):
         bounds = (start + w * window_ns, max(start + w * window_ns + 1, min(start + (w + 1) * window_ns, end)))
         inside = [s.step for s in run.steps if bounds[0] <= s.end_ns < bounds[1]]
-        audited = draw.choice(inside, min(len(inside), config.audit_steps), replace=False) if inside else []
+        audited: list[int] = ([int(s) for s in draw.choice(inside, min(len(inside), config.audit_steps),
+                                                           replace=False)] if inside else [])
         measured.append(measure_window(declaration, w, run.steps, exchanges, blocks, replayer.recompute_state,
                                        bounds_ns=bounds, device_s=compute_meter_seconds(run.meter, *bounds),
-                                       audited=[int(s) for s in audited], check_token=replayer.check_token))
+                                       audited=audited, check_token=replayer.check_token))
     policy = config.get_policy()
     return tuple(measured), tuple(decide_window(m, policy) for m in measured)
 
@@ -533,8 +534,8 @@ def get_result_json(result: SimResult) -> dict[str, Any]:
                            "max": max(latencies, default=None)},
             "windows": [{**asdict(v), **{k: getattr(m, k) for k in (
                 "challenges", "state_challenges", "labels_challenges", "missing", "errors", "unsigned", "wrong_labels",
-                "stale_state", "unknown_step", "declared_steps", "device_s", "audited_steps", "fabricated_steps")}, "utilisation": m.utilisation,
-                "max_state_quanta": max(m.state_quanta, default=0)}
+                "stale_state", "unknown_step", "declared_steps", "device_s", "audited_steps", "fabricated_steps")},
+                "utilisation": m.utilisation, "max_state_quanta": max(m.state_quanta, default=0)}
                 for m, v in zip(d.measurements, d.verdicts, strict=True)],
         })
     chain = None if result.chain is None else {"ok": result.chain_ok, "operators": [

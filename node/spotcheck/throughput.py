@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from node.spotcheck.errors import InvalidSpotParams
 
@@ -73,7 +74,7 @@ def compute_meter_seconds(samples: Sequence[tuple[int, int]], start_ns: int, end
         return None
 
     def at(t: int) -> float:
-        for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
+        for (t0, c0), (t1, c1) in pairwise(samples):
             if t0 <= t <= t1:
                 return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
         return float(samples[0][1] if t < samples[0][0] else samples[-1][1])

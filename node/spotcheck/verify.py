@@ -219,32 +219,28 @@ def measure_window(declaration: DeviceDeclaration, window: int, steps: Sequence[
         stale += _is_stale(ordered, ends, record.step, ex.sent_ns)
         recomputed = compute_state_answer(state, ex.nonce)
         quanta.append(compute_state_distance(answer.sketch or (), recomputed))
+    done, seconds, capacity = _measure_work(declaration, steps, bounds_ns, device_s)
+    results = [check_token(step) for step in audited] if check_token is not None else []
     return WindowMeasurement(
         device_id=declaration.device_id, window=window, challenges=len(exchanges), state_challenges=n_state,
         labels_challenges=len(exchanges) - n_state, missing=missing, errors=errors, unsigned=unsigned,
         wrong_labels=wrong_labels,
         stale_state=stale, unknown_step=unknown, latencies_ms=tuple(latencies), state_quanta=tuple(quanta),
         declared_bytes=declaration.declared_bytes, catalog_bytes=declaration.catalog_bytes,
-        accounted_bytes=declaration.accounted_bytes, registry_flops=declaration.registry_flops,
-        catalog_flops=declaration.catalog_flops, **_measure_work(declaration, steps, bounds_ns, device_s),
-        **_audit_tokens(audited, check_token))
-
-
-def _audit_tokens(audited: Sequence[int], check_token: Callable[[int], bool | None] | None) -> dict[str, int]:
-    if check_token is None:
-        return {}
-    results = [check_token(step) for step in audited]
-    return {"audited_steps": sum(r is not None for r in results), "fabricated_steps": sum(r is False for r in results)}
+        accounted_bytes=declaration.accounted_bytes, declared_steps=done, declared_flops=done * declaration.step_flops,
+        device_s=seconds, capacity_flops=capacity, registry_flops=declaration.registry_flops,
+        catalog_flops=declaration.catalog_flops, audited_steps=sum(r is not None for r in results),
+        fabricated_steps=sum(r is False for r in results))
 
 
 def _measure_work(declaration: DeviceDeclaration, steps: Sequence[StepRecord], bounds_ns: tuple[int, int] | None,
-                  device_s: float | None) -> dict[str, float]:
+                  device_s: float | None) -> tuple[float, float, float]:
+    # (declared steps, device seconds, capacity FLOPs) of the window; nothing measured without its bounds
     if bounds_ns is None:
-        return {}
+        return 0.0, 0.0, 0.0
     done = compute_overlap_steps([(s.start_ns, s.end_ns) for s in steps], *bounds_ns)
     seconds = (bounds_ns[1] - bounds_ns[0]) / 1e9 if device_s is None else device_s
-    return {"declared_steps": done, "declared_flops": done * declaration.step_flops, "device_s": seconds,
-            "capacity_flops": declaration.catalog_flops * declaration.achieved_share * seconds}
+    return done, seconds, declaration.catalog_flops * declaration.achieved_share * seconds
 
 
 def decide_window(m: WindowMeasurement, policy: SpotcheckPolicy) -> WindowVerdict:

@@ -1,4 +1,4 @@
-"""The spot-check modules that decide (stuffing, answers, wire, feasibility, throughput, verify) do no I/O, like node/protocol."""
+"""The spot-check modules that decide (stuffing, answers, wire, feasibility, throughput, verify) do no I/O."""
 
 from pathlib import Path
 
