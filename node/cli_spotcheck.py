@@ -145,6 +145,11 @@ def sim(
         console.print(f"(X, Y, Z) = ({config.x_ms:g} ms, {config.arena_mib} MiB, {f['inputs']['z_min_s']:.2f} s): "
                       f"X/honest max {m['x_over_honest']:.2f}, Z/X {m['z_over_x']:.1f}, far/X {m['far_over_x']:.2f}, "
                       f"undeclared/free {m['undeclared_over_free']:.0f} → {'sound' if f['sound'] else 'NOT sound'}")
+        if "throughput" in f:
+            t = f["throughput"]
+            console.print(f"declared throughput: honest utilisation {t['honest_utilisation_min']:.2f}–"
+                          f"{t['honest_utilisation_max']:.2f} vs least {t['min_utilisation']:.2f} "
+                          f"(margin {t['margin']:.2f})")
     if result.chain is not None:
         console.print(render_chain(result))
     console.print(f"{result.elapsed_s:.0f} s; JSON {json_path}, plot {plot_path}, record {result.record_path}")

@@ -33,7 +33,7 @@ from node.spotcheck.auth import (
     sign_challenge,
     verify_challenge,
 )
-from node.spotcheck.sim import SimConfig, SimDeviceSpec, run_cluster
+from node.spotcheck.sim import SimConfig, SimDeviceSpec, run_cluster, run_sim
 from node.spotcheck.stuffing import StuffingParams, compute_block_on_demand, compute_cone_costs, compute_stuffing
 from node.spotcheck.wire import Answer, Challenge
 from node.spotcheck.workload import MODEL_NAME, SMOL_NAME, InferenceWorkload, build_model, compute_prompt
@@ -129,16 +129,64 @@ def summarise(records: list[Any], device_ids: set[str]) -> dict[str, Any]:
             "share_over_x": {str(x): float((lat > x).mean()) for x in X_CANDIDATES_MS}}
 
 
-def bench_latency(run_s: float, rate_hz: float) -> dict[str, Any]:
-    """Return latency summaries of three honest devices: idle, with a CPU hog, and hog + forced GC."""
+LATENCY_SCENARIOS = (  # name, flat out, CPU hog, forced GC
+    ("idle", False, False, False),
+    ("cpu_hog", False, True, False),
+    ("cpu_hog_gc", False, True, True),
+    ("flat_out", True, False, False),
+    ("flat_out_hog_gc", True, True, True),
+)
+
+
+def bench_latency(run_s: float, rate_hz: float, answer_path: str = "prioritised") -> dict[str, Any]:
+    """Return latency summaries of three honest devices per scenario (paced 100 ms or flat out; hog; forced GC).
+
+    answer_path "prioritised" is the device as it is (workload thread niced, 0.5 ms GIL switch interval);
+    "plain" is the device before issue 31 (no nice, Python's 5 ms switch interval), for the comparison.
+    """
     out: dict[str, Any] = {}
-    for name, hog, gc_pressure in (("idle", False, False), ("cpu_hog", True, False), ("cpu_hog_gc", True, True)):
+    plain = answer_path == "plain"
+    for name, flat, hog, gc_pressure in LATENCY_SCENARIOS:
         roster = tuple(SimDeviceSpec(device_id=f"h{i}", gc_pressure=gc_pressure) for i in range(3))
-        config = SimConfig(devices=roster, run_s=run_s, rate_hz=rate_hz, cpu_hog=hog, arena_mib=16)
-        _, logs, records = run_cluster(config, lambda kind, payload: None)
-        out[name] = summarise(records, {d.device_id for d in roster})
-        out[name]["gc_pause_ms_max"] = max((p for log in logs for p in log.gc_pauses_ms), default=0.0)
+        config = SimConfig(devices=roster, run_s=run_s, rate_hz=rate_hz, cpu_hog=hog, arena_mib=16,
+                           step_interval_ms=0.0 if flat else 100.0, workload_nice=0 if plain else 10,
+                           switch_interval_ms=5.0 if plain else 0.5)
+        cluster = run_cluster(config, lambda kind, payload: None)
+        out[name] = summarise(cluster.records, {d.device_id for d in roster})
+        out[name]["gc_pause_ms_max"] = max((p for log in cluster.logs for p in log.gc_pauses_ms), default=0.0)
+        out[name]["steps"] = sum(len(log.steps) for log in cluster.logs)
+        serve = [x for log in cluster.logs for x in log.serve_ms]  # on the device: recv returned → answer sent
+        out[name]["device_serve_ms"] = {"p50": float(np.percentile(serve, 50)), "p99": float(np.percentile(serve, 99)),
+                                        "max": max(serve)} if serve else {}
+        out[name]["load"] = __import__("os").getloadavg()[0]
     return out
+
+
+def bench_throughput(run_s: float, window_s: float, repeats: int) -> dict[str, Any]:
+    """Return the honest declared-throughput calibration: achieved FLOP per device second, per model and window.
+
+    Honest devices run flat out (four tiny-llama, two of them under forced GC, one SmolLM2), without and with a
+    CPU hog; the verifier's measurement (record → declared steps × the step cost it computes → ÷ metered CPU
+    seconds) gives each window's rate. A gaps cheater (90 % undeclared) runs beside them for comparison.
+    """
+    roster = (SimDeviceSpec(device_id="t0"), SimDeviceSpec(device_id="t1"),
+              SimDeviceSpec(device_id="t2", gc_pressure=True), SimDeviceSpec(device_id="t3", gc_pressure=True),
+              SimDeviceSpec(device_id="smol", model=SMOL_NAME, state_tokens=16),
+              SimDeviceSpec(device_id="gaps-90", behaviour="gaps", gaps_fraction=0.9),
+              SimDeviceSpec(device_id="gaps-50", behaviour="gaps", gaps_fraction=0.5))
+    rates: dict[str, list[float]] = {}
+    for i in range(repeats):
+        for hog in (False, True):
+            config = SimConfig(devices=roster, run_s=run_s, window_s=window_s, arena_mib=16, cpu_hog=hog)
+            result = run_sim(config, ROOT / "bench-results" / "spotcheck-throughput", lambda kind, payload: None)
+            for d, spec in zip(result.devices, roster, strict=True):
+                key = spec.behaviour + ":" + spec.model if spec.behaviour != "gaps" else spec.device_id
+                for m in d.measurements:
+                    if m.device_s > 0:
+                        rates.setdefault(key, []).append(m.declared_flops / m.device_s)
+            console.print(f"throughput run {i} hog={hog}: load {__import__('os').getloadavg()[0]:.1f}")
+    return {k: {"n": len(v), "min": min(v), "median": float(np.median(v)), "max": max(v), "rates": v}
+            for k, v in rates.items()}
 
 
 def bench_end_to_end_cost(run_s: float, rate_hz: float, repeats: int) -> dict[str, Any]:
@@ -148,8 +196,7 @@ def bench_end_to_end_cost(run_s: float, rate_hz: float, repeats: int) -> dict[st
         for label, rate in (("without", 1e-3), ("with", rate_hz)):
             config = SimConfig(devices=(SimDeviceSpec(device_id="flat"),), run_s=run_s, rate_hz=rate, cpu_hog=False,
                                arena_mib=16, step_interval_ms=0.0)
-            _, logs, _ = run_cluster(config, lambda kind, payload: None)
-            steps = logs[0].steps
+            steps = run_cluster(config, lambda kind, payload: None).logs[0].steps
             inside = [s for s in steps if s[2] - steps[0][2] > 1e9]  # skip the first second
             runs[label].append(len(inside) / ((inside[-1][2] - inside[0][1]) / 1e9))
     without, with_ = float(np.median(runs["without"])), float(np.median(runs["with"]))
@@ -161,7 +208,11 @@ def main() -> None:
     """Run the benchmarks, print a table and write JSON."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("latency", "throughput"), help="run one part, write its own JSON")
     args = parser.parse_args()
+    if args.only:
+        run_part(args.only, args.quick)
+        return
     config = SimConfig()
     run_s = 8.0 if args.quick else 30.0
     results: dict[str, Any] = {"machine": {"cpus": __import__("os").cpu_count()}}
@@ -206,6 +257,29 @@ def main() -> None:
         table.add_row(*row)
     console.print(table)
     console.print(f"wrote {OUT}")
+
+
+def run_part(part: str, quick: bool) -> None:
+    """Run only the latency comparison or only the throughput calibration; write bench-results/spotcheck-<part>.json."""
+    config = SimConfig()
+    if part == "latency":
+        run_s = 8.0 if quick else 20.0
+        out: dict[str, Any] = {path: bench_latency(run_s, config.rate_hz, path) for path in ("plain", "prioritised")}
+        for path, scenarios in out.items():
+            for name, lat in scenarios.items():
+                console.print(f"{path:12s} {name:16s} p50 {lat['p50_ms']:7.1f} p99 {lat['p99_ms']:7.1f} max "
+                              f"{lat['max_ms']:7.1f} ms  n={lat['n']} missing {lat['missing']} steps {lat['steps']} "
+                              f"load {lat['load']:.1f}; device serve p99 {lat['device_serve_ms'].get('p99', 0):.1f} "
+                              f"max {lat['device_serve_ms'].get('max', 0):.1f} ms")
+    else:
+        out = bench_throughput(20.0 if quick else 30.0, 10.0, 1 if quick else 2)
+        for key, v in out.items():
+            console.print(f"{key:28s} n={v['n']} FLOP per device-s min {v['min'] / 1e9:.2f} median "
+                          f"{v['median'] / 1e9:.2f} max {v['max'] / 1e9:.2f} G")
+    path = ROOT / "bench-results" / f"spotcheck-{part}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    console.print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from node.spotcheck.workload import MODEL_NAME, InferenceWorkload, build_model, 
 
 log = logging.getLogger(__name__)
 
-Behaviour = Literal["honest", "evict", "far_state", "recompute", "stale", "liar"]
+Behaviour = Literal["honest", "evict", "far_state", "recompute", "stale", "liar", "gaps", "fabricate"]
 PRUNE_EVERY = 1024  # prune expired nonces from the replay set every this many accepted challenges
 
 
@@ -66,9 +68,14 @@ class DeviceConfig(BaseModel):
     evict_fraction: float = Field(0.0, ge=0.0, le=1.0)
     far_delay_ms: float = Field(0.0, ge=0.0)
     stale_every: int = Field(0, ge=0)
+    gaps_fraction: float = Field(0.0, ge=0.0, lt=1.0)  # the gaps cheat: this share of its compute is undeclared
     gc_pressure: bool = False
     gc_freeze: bool = True  # move start-up objects out of the collector's reach (full GC: 270 ms → 1-2 ms)
-    step_interval_ms: float = Field(20.0, ge=0.0)
+    step_interval_ms: float = Field(0.0, ge=0.0)  # 0: flat out (an honest device fills its capacity)
+    # the answer path before the workload (docs/spotcheck.md, "Honest latency under load"): the workload thread
+    # runs this much nicer than the challenge server, and a waiting server thread gets the GIL after this long
+    workload_nice: int = Field(10, ge=0, le=19)
+    switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
 
 @dataclass
@@ -84,6 +91,8 @@ class DeviceLog:
     tokens: list[int] = field(default_factory=list)
     answered_states: dict[int, np.ndarray] = field(default_factory=dict)
     gc_pauses_ms: list[float] = field(default_factory=list)
+    serve_ms: list[float] = field(default_factory=list)  # per answered frame: recv returned → answer sent
+    undeclared_s: float = 0.0  # the gaps cheat: CPU seconds of undeclared compute (for the report, not the verifier)
     answers: int = 0
     refusals: int = 0
 
@@ -144,9 +153,15 @@ class SimDevice:
         """Run declared steps until stopped, publishing each state into the arena (or where the cheat keeps it)."""
         interval = self.config.step_interval_ms / 1e3
         behaviour = self.config.behaviour
+        if self.config.workload_nice:  # per thread on Linux: the server threads keep the process's priority
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid)
+                                                     + self.config.workload_nice))
         while not self.stop_event.is_set():
             started = time.monotonic_ns()
+            cpu0 = time.thread_time()
             step, state = self.workload.step()
+            step_cpu_s = time.thread_time() - cpu0
             with self.lock:
                 if behaviour == "far_state":
                     self.far[:] = state
@@ -155,9 +170,41 @@ class SimDevice:
                 self.current_step = step
                 ended = time.monotonic_ns()  # after the write: from now on an answer must be this step's
             self.log.steps.append((step, started, ended))
+            if behaviour in ("gaps", "fabricate"):
+                t_a = time.monotonic_ns()
+                undeclared_s = self.run_undeclared(step_cpu_s)
+                if behaviour == "fabricate":
+                    self.process_fabricate(round(undeclared_s / max(step_cpu_s, 1e-6)), t_a, time.monotonic_ns())
             rest = interval - (ended - started) / 1e9
             if rest > 0:
                 self.stop_event.wait(rest)
+
+    def run_undeclared(self, declared_cpu_s: float) -> float:
+        """The gaps cheat: after a declared step, undeclared inference (unrecorded tokens) for its share of compute.
+
+        What the review measured: declared steps keep every answer right and in time, while most of the
+        device's compute (51–56 s of a 60 s run) goes to work nobody declared. Returns its CPU seconds.
+        """
+        f = self.config.gaps_fraction
+        budget = declared_cpu_s * f / (1.0 - f)
+        cpu0 = time.thread_time()
+        rng = np.random.default_rng()
+        vocab = int(self.model.config.vocab_size)
+        while time.thread_time() - cpu0 < budget and not self.stop_event.is_set():
+            with torch.inference_mode():
+                self.model(input_ids=torch.as_tensor(rng.integers(0, vocab, size=(1, self.config.state_tokens))))
+        spent = time.thread_time() - cpu0
+        self.log.undeclared_s += spent
+        return spent
+
+    def process_fabricate(self, n: int, t_a: int, t_b: int) -> None:
+        """The fabricate cheat: record n steps it never computed over [t_a, t_b], as if its compute were declared."""
+        rng = np.random.default_rng()
+        for i in range(n):
+            with self.lock:
+                step = self.workload.fabricate_step(rng)
+                self.current_step = step  # its state is computed only if a state challenge asks for it
+            self.log.steps.append((step, t_a + (t_b - t_a) * i // n, t_a + (t_b - t_a) * (i + 1) // n))
 
     def run_gc_pressure(self) -> None:
         """Make cyclic garbage and force full collections (an honest device's GC pauses, measured)."""
@@ -190,6 +237,8 @@ class SimDevice:
         with self.lock:
             source = self.far if self.config.behaviour == "far_state" else self.state_view
             state, step = source.copy(), self.current_step
+        if self.config.behaviour == "fabricate":
+            state = self.workload.compute_state_of(step)  # one step's compute, well inside X
         self.log.answered_states.setdefault(step, state)
         return Answer(device_id=self.config.device_id, seq=challenge.seq, nonce=challenge.nonce, kind="state",
                       step=step, sketch=compute_state_answer(state, nonce))
@@ -244,11 +293,13 @@ class SimDevice:
                     return
                 if not data:
                     return
+                t0 = time.perf_counter()
                 for item in decoder.feed(data):
                     try:
                         conn.sendall(encode_frame(self.process_frame(item)))
                     except OSError:
                         return
+                    self.log.serve_ms.append((time.perf_counter() - t0) * 1e3)
 
     def serve(self, server: socket.socket) -> None:
         """Accept connections (the pinger's, a test's) and serve each in its own thread."""
@@ -284,6 +335,7 @@ class SimDevice:
 def run_device(config: DeviceConfig, control: Connection) -> None:
     """Worker process entry: prepare, report ready, run until told to stop, hand back the log."""
     torch.set_num_threads(1)
+    sys.setswitchinterval(config.switch_interval_ms / 1e3)  # 5 ms by default: each GIL hand-off to a server thread
     logging.basicConfig(level=logging.WARNING)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(config.socket_path)

@@ -77,6 +77,12 @@ def compute_policy_digest(policy: SpotcheckPolicy) -> bytes:
 def get_reason(verdict: WindowVerdict) -> SpotReason:
     """Return the verdict's reason: the highest-precedence failure (wrong answers before timing)."""
     failures = set(verdict.failures)
+    # until they have codes of their own: unused compute is a capacity failure (804), a step recorded but never
+    # computed an unknown step (803)
+    if "idle_capacity" in failures:
+        failures.add("capacity")
+    if "fabricated_step" in failures:
+        failures.add("unknown_step")
     return next((reason for reason in SpotReason if reason.name.lower() in failures), SpotReason.OK)
 
 

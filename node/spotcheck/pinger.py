@@ -10,6 +10,7 @@ challenge is signed with the verifier's key (node.spotcheck.auth).
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import selectors
 import socket
@@ -41,6 +42,28 @@ class PingerConfig(BaseModel):
     labels_count: int = Field(64, ge=1, le=256)
     timeout_ms: float = Field(5000, gt=0)
     run_s: float = Field(gt=0)
+    # (device_id, pid): the device processes whose CPU time the pinger meters (the sim's device seconds)
+    meters: tuple[tuple[str, int], ...] = ()
+    meter_ms: float = Field(250.0, gt=0)
+
+
+@dataclass(frozen=True)
+class MeterSample:
+    """The CPU time the kernel had given a device's process at a time of the pinger's clock."""
+
+    device_id: str
+    t_ns: int
+    cpu_ns: int
+
+
+def read_cpu_ns(pid: int) -> int | None:
+    """Return utime + stime of a process (all its threads) from /proc, in ns; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -89,7 +112,15 @@ class Pinger:
         self.operators = {device_id: operator for device_id, _, operator in config.targets}
         self.rng = np.random.default_rng(secrets.randbits(128))
         self.records: list[ExchangeRecord] = []
+        self.samples: list[MeterSample] = []
         self.seq = 0
+
+    def _meter(self) -> None:
+        for device_id, pid in self.config.meters:
+            t_ns = time.monotonic_ns()
+            cpu = read_cpu_ns(pid)
+            if cpu is not None:
+                self.samples.append(MeterSample(device_id, t_ns, cpu))
 
     def _next_gap_ns(self) -> int:
         return int(self.rng.exponential(1.0 / self.config.rate_hz) * 1e9)
@@ -163,20 +194,29 @@ class Pinger:
         next_send = {d: start + self._next_gap_ns() for d in socks}
         open_: dict[str, _Outstanding | None] = {d: None for d in socks}
         dead: set[str] = set()
+        meter_ns = int(self.config.meter_ms * 1e6)
+        next_meter: int | None = start if self.config.meters else None  # None: metering done (or none asked)
         while True:
             now = time.monotonic_ns()
+            if next_meter is not None and now >= next_meter:
+                self._meter()  # every meter_ms, and once at the end of the run
+                next_meter = None if now >= end else min(now + meter_ns, end)
             pending = [o.sent_ns + timeout_ns for o in open_.values() if o is not None]
             if now >= end and not pending:
                 break
             due = [t for d, t in next_send.items() if open_[d] is None and t < end]
+            if next_meter is not None:
+                due.append(next_meter)
             wake = min([*pending, *due] + ([end] if now < end else []))  # never a zero timeout after the end
+            arrived = []  # read every ready socket first: an answer's time must not include checking another's
             for key, _ in selector.select(max(0.0, (wake - now) / 1e9)):
-                received_ns = time.monotonic_ns()
                 device_id = str(key.data)
                 try:
                     data = socks[device_id].recv(65536)
                 except OSError:
                     data = b""  # reset by the device: the same as closed
+                arrived.append((device_id, data, time.monotonic_ns()))
+            for device_id, data, received_ns in arrived:
                 if not data:
                     self._on_dead(selector, socks[device_id], device_id, dead)
                     continue
@@ -207,5 +247,7 @@ class Pinger:
 def run_pinger(config: PingerConfig, control: Connection) -> None:
     """Pinger process entry: run, streaming each exchange to the parent, then send them all."""
     logging.basicConfig(level=logging.WARNING)
-    records = Pinger(config, control).run()
-    control.send(("done", [asdict(r) for r in records]))
+    pinger = Pinger(config, control)
+    records = pinger.run()
+    control.send(("done", {"exchanges": [asdict(r) for r in records],
+                           "meter": [asdict(m) for m in pinger.samples]}))

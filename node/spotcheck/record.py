@@ -16,7 +16,7 @@ import numpy as np
 
 from node.spotcheck.device import DeviceLog
 from node.spotcheck.errors import MalformedMessage, SpotCode, UnknownDevice
-from node.spotcheck.pinger import ExchangeRecord
+from node.spotcheck.pinger import ExchangeRecord, MeterSample
 from node.spotcheck.stuffing import StuffingParams
 from node.spotcheck.verify import DeviceDeclaration, Exchange, StepRecord
 from node.spotcheck.wire import Answer, parse_message
@@ -41,6 +41,9 @@ class DeviceRun:
     operator: str
     log: DeviceLog
     exchanges: tuple[ExchangeRecord, ...]
+    compute_flops: float = 0.0  # what the device registers as its compute (the verifier checks it)
+    sampling_seed: int = 0  # the workload's sampling seed: step s's token is drawn with (seed, s)
+    meter: tuple[MeterSample, ...] = ()  # the pinger's reading of the device's CPU time
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class RecordedDeviceRun:
     state_tokens: int
     model: str
     weights_digest: str
+    meter: tuple[tuple[int, int], ...] = ()  # (pinger time, device CPU time) in ns, in time order
+    sampling_seed: int = 0
 
 
 def get_trace_id(run_id: str, device_id: str) -> str:
@@ -70,7 +75,7 @@ def process_write_device(record: WorkloadRecord, run_id: str, run: DeviceRun) ->
     """Register the device and its link to the pinger, store its data and its trace; return the trace id."""
     tiers = (MemoryTier("proximal", run.declared_bytes, 0),
              MemoryTier("far", run.declared_bytes, int(run.far_delay_ms * 1e6)))
-    record.put_device(Device(run.device_id, "localhost", run.kind, run.declared_bytes, 0.0, tiers))
+    record.put_device(Device(run.device_id, "localhost", run.kind, run.declared_bytes, run.compute_flops, tiers))
     record.put_device(Device(PINGER_ID, "localhost", "process", 0))
     record.put_link(Link(PINGER_ID, run.device_id, _median_latency_ns(run.exchanges), 1e9))
     trace_id = get_trace_id(run_id, run.device_id)
@@ -85,7 +90,7 @@ def process_write_device(record: WorkloadRecord, run_id: str, run: DeviceRun) ->
         ("parents", str(p.parents)), ("seed", seed_ref.sha256), ("tokens", tokens_ref.sha256),
         ("state_tokens", str(run.state_tokens)), ("state_bytes", str(run.log.state_bytes)),
         ("model", run.model), ("weights", run.log.weights_digest), ("fill_s", f"{run.log.fill_s:.6f}"),
-        ("operator", run.operator)))]
+        ("operator", run.operator), ("sampling_seed", str(run.sampling_seed))))]
     events += [TraceEvent(f"step/{s}", "step", "decode", run.device_id, start, end) for s, start, end in run.log.steps]
     for r in run.exchanges:
         events.append(TraceEvent(f"challenge/{r.seq}", "challenge", r.kind, run.device_id, r.sent_ns, r.sent_ns, (),
@@ -99,6 +104,10 @@ def process_write_device(record: WorkloadRecord, run_id: str, run: DeviceRun) ->
         elif r.error:
             events.append(TraceEvent(f"response/{r.seq}", "response", r.kind, run.device_id, r.sent_ns, r.sent_ns,
                                      (), (("error", r.error), ("missing", "1"))))
+    # a meter reading ties the pinger's clock to the device's CPU time ("sync": the record has no meter kind)
+    events += [TraceEvent(f"meter/{i}", "sync", "cpu_meter", run.device_id, m.t_ns, m.t_ns, (),
+                          (("cpu_ns", str(m.cpu_ns)),))
+               for i, m in enumerate(run.meter)]
     for step, state in sorted(run.log.answered_states.items()):
         record.put_tensor(state, role="state", name=f"{run.device_id}/state/{step}", event_id=f"step/{step}",
                           trace_id=trace_id)
@@ -113,9 +122,9 @@ def _parse_answer(device_id: str, raw: str) -> Answer:
     return message
 
 
-def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog: dict[str, int], operator: str
-                    ) -> RecordedDeviceRun:
-    """Read one device's run back, with Y from the verifier's catalog and the operator from its own source."""
+def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog: dict[str, int], operator: str,
+                    flops_catalog: dict[str, float] | None = None) -> RecordedDeviceRun:
+    """Read one device's run back, with Y (and peak FLOP/s) from the verifier's catalog, the operator from its own."""
     device = record.get_device(device_id)
     if device.kind not in catalog:
         raise UnknownDevice(f"kind {device.kind!r} is not in the verifier's catalog", device=device_id)
@@ -127,7 +136,9 @@ def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog
     tokens = record.get_tensor(attrs["tokens"])
     declaration = DeviceDeclaration(device_id=device_id, kind=device.kind, declared_bytes=device.memory_bytes,
                                     catalog_bytes=catalog[device.kind], state_bytes=int(attrs["state_bytes"]),
-                                    stuffing=params, stuffing_seed=seed, run_id=run_id, operator=operator)
+                                    stuffing=params, stuffing_seed=seed, run_id=run_id, operator=operator,
+                                    registry_flops=device.compute_flops,
+                                    catalog_flops=(flops_catalog or {}).get(device.kind, 0.0))
     steps = tuple(StepRecord(int(e.event_id.split("/")[1]), e.start_ns, e.end_ns)
                   for e in trace.events if e.kind == "step")
     responses = {e.event_id.split("/")[1]: e for e in trace.events if e.kind == "response"}
@@ -147,4 +158,6 @@ def read_device_run(record: WorkloadRecord, run_id: str, device_id: str, catalog
                                   answer=answer, error=error))
     return RecordedDeviceRun(declaration=declaration, steps=steps, exchanges=tuple(exchanges), tokens=tokens,
                              state_tokens=int(attrs["state_tokens"]), model=attrs["model"],
-                             weights_digest=attrs["weights"])
+                             weights_digest=attrs["weights"], sampling_seed=int(attrs.get("sampling_seed", "0")),
+                             meter=tuple(sorted((e.start_ns, int(dict(e.attrs)["cpu_ns"]))
+                                                for e in trace.events if e.kind == "sync" and e.name == "cpu_meter")))

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from node.spotcheck.device import Behaviour, DeviceConfig, DeviceLog, run_device
 from node.spotcheck.errors import InvalidSpotParams
 from node.spotcheck.feasibility import FeasibilityInputs, compute_feasibility_margins, compute_max_late, is_sound
-from node.spotcheck.pinger import ExchangeRecord, PingerConfig, run_pinger
+from node.spotcheck.pinger import ExchangeRecord, MeterSample, PingerConfig, run_pinger
 from node.spotcheck.record import DeviceRun, process_write_device, read_device_run
 from node.spotcheck.stuffing import StuffingParams, compute_block_on_demand, compute_cone_costs, compute_stuffing
+from node.spotcheck.throughput import ModelShape, compute_meter_seconds, compute_step_flops
 from node.spotcheck.verify import (
     DeviceDeclaration,
     SpotcheckPolicy,
@@ -61,6 +62,7 @@ class SimDeviceSpec(BaseModel):
     evict_fraction: float = Field(0.0, ge=0, le=1)
     far_delay_ms: float = Field(0.0, ge=0)
     stale_every: int = Field(0, ge=0)
+    gaps_fraction: float = Field(0.0, ge=0, lt=1)
     declared_fraction: float = Field(1.0, gt=0, le=1)
     gc_pressure: bool = False
     model: str = MODEL_NAME  # the declared workload's model
@@ -86,7 +88,8 @@ def get_default_roster(far_delay_ms: float = 1500.0) -> tuple[SimDeviceSpec, ...
         SimDeviceSpec(device_id="recompute", behaviour="recompute"),
         SimDeviceSpec(device_id="stale-copy", behaviour="stale", stale_every=8),
         SimDeviceSpec(device_id="capacity-liar", behaviour="liar", declared_fraction=0.5),
-        SimDeviceSpec(device_id="smol-honest", model=SMOL_NAME, state_tokens=16, step_interval_ms=500.0),
+        SimDeviceSpec(device_id="gaps", behaviour="gaps", gaps_fraction=0.9),
+        SimDeviceSpec(device_id="smol-honest", model=SMOL_NAME, state_tokens=16),
     )
 
 
@@ -118,7 +121,7 @@ class SimConfig(BaseModel):
     block_bytes: int = 16384
     layers: int = 8
     state_tokens: int = 32
-    step_interval_ms: float = 100.0
+    step_interval_ms: float = 0.0  # flat out: an honest device's declared work fills its capacity
     run_s: float = Field(40.0, gt=0)
     window_s: float = Field(20.0, gt=0)
     rate_hz: float = Field(2.0, gt=0)
@@ -131,8 +134,19 @@ class SimConfig(BaseModel):
     honest_late_rate: float = Field(0.002, ge=0, lt=1)
     false_alarm_target: float = Field(1e-6, gt=0, lt=1)
     min_undeclared_bytes: int = 1 << 20  # no model worth hiding fits in 1 MiB (tiny-llama alone is 26 MB)
+    # the declared-throughput check (docs/spotcheck.md, "Declared throughput"): the catalogue's peak FLOP/s of
+    # the sim's device kind per device second (a CPU second of the device's process: the sim's devices share
+    # cores); the share of it each declared model reaches there, honest and flat out (median of 48 tiny-llama
+    # and 12 SmolLM2 windows: 3.06 and 17.06 GFLOP per CPU second); the least utilisation a window may show: the
+    # worst honest window (0.70 of the median, tiny-llama) over the same 1.5 margin X keeps over honest latency
+    compute_flops: float = 50e9
+    achieved_share: dict[str, float] = Field(default_factory=lambda: {MODEL_NAME: 0.0612, SMOL_NAME: 0.341})
+    min_utilisation: float = Field(0.46, ge=0, le=1)
+    audit_steps: int = Field(16, ge=0)  # declared steps per window whose token the verifier replays
     timeout_ms: float = 10_000.0
     cpu_hog: bool = True
+    workload_nice: int = Field(10, ge=0, le=19)  # 0 and 5 ms: the answer path as it was before issue 31
+    switch_interval_ms: float = Field(0.5, gt=0, le=100)
     start_timeout_s: float = 300.0
 
     @property
@@ -144,13 +158,18 @@ class SimConfig(BaseModel):
         """Return the verifier's trusted catalog: kind → proximal memory Y in bytes."""
         return {self.kind: self.arena_mib << 20}
 
+    def get_flops_catalog(self) -> dict[str, float]:
+        """Return the verifier's trusted catalog of compute: kind → peak FLOP/s per device second."""
+        return {self.kind: self.compute_flops}
+
     def get_policy(self) -> SpotcheckPolicy:
         """Return the verifier's thresholds for this run."""
         expected = max(1, round(self.rate_hz * self.window_s))
         return SpotcheckPolicy(x_ms=self.x_ms,
                                max_late=compute_max_late(expected, self.honest_late_rate, self.false_alarm_target),
                                honest_late_rate=self.honest_late_rate, false_alarm_target=self.false_alarm_target,
-                               state_tolerance_quanta=0, capacity_slack_bytes=self.block_bytes, min_challenges=1)
+                               state_tolerance_quanta=0, capacity_slack_bytes=self.block_bytes, min_challenges=1,
+                               min_utilisation=self.min_utilisation)
 
 
 @dataclass(frozen=True)
@@ -223,7 +242,8 @@ def _device_config(config: SimConfig, spec: SimDeviceSpec, socket_dir: Path, ind
                         model=spec.model, prompt_seed=index, state_tokens=spec.state_tokens or config.state_tokens,
                         block_bytes=config.block_bytes, layers=config.layers, behaviour=spec.behaviour,
                         evict_fraction=spec.evict_fraction, far_delay_ms=spec.far_delay_ms,
-                        stale_every=spec.stale_every, gc_pressure=spec.gc_pressure,
+                        stale_every=spec.stale_every, gaps_fraction=spec.gaps_fraction, gc_pressure=spec.gc_pressure,
+                        workload_nice=config.workload_nice, switch_interval_ms=config.switch_interval_ms,
                         step_interval_ms=(config.step_interval_ms if spec.step_interval_ms is None
                                           else spec.step_interval_ms))
 
@@ -242,9 +262,19 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+@dataclass(frozen=True)
+class ClusterRun:
+    """What a cluster run hands back: device configs and logs, the pinger's exchanges and CPU meter readings."""
+
+    configs: list[DeviceConfig]
+    logs: list[DeviceLog]
+    records: list[ExchangeRecord]
+    meter: list[MeterSample]
+
+
 def run_cluster(config: SimConfig, on_event: OnEvent, run_id: str | None = None, keys: SimKeys | None = None
-                ) -> tuple[list[DeviceConfig], list[DeviceLog], list[ExchangeRecord]]:
-    """Start devices, hog and pinger (for the first verifier); run; stop all; return configs, logs and exchanges."""
+                ) -> ClusterRun:
+    """Start devices, hog and pinger (for the first verifier); run; stop all; return what each recorded."""
     ctx = get_context()
     run_id = run_id or new_run_id()
     keys = keys or make_keys(config.devices)
@@ -270,14 +300,16 @@ def run_cluster(config: SimConfig, on_event: OnEvent, run_id: str | None = None,
                                      verifier_key=SecretStr(bytes(keys.verifiers[0].key).hex()),
                                      rate_hz=config.rate_hz, labels_share=config.labels_share,
                                      labels_count=config.labels_count, timeout_ms=config.timeout_ms,
-                                     run_s=config.run_s)
+                                     run_s=config.run_s,
+                                     meters=tuple((dc.device_id, p.pid) for dc, p in zip(configs, procs, strict=False)))
         pinger = ctx.Process(target=run_pinger, args=(pinger_config, child), name="pinger")
         pinger.start()
         procs.append(pinger)
         while True:
             kind, payload = parent.recv()
             if kind == "done":
-                records = [ExchangeRecord(**r) for r in payload]
+                records = [ExchangeRecord(**r) for r in payload["exchanges"]]
+                meter = [MeterSample(**m) for m in payload["meter"]]
                 break
             on_event(kind, payload)
         logs = []
@@ -286,7 +318,7 @@ def run_cluster(config: SimConfig, on_event: OnEvent, run_id: str | None = None,
         for pipe in pipes:
             _, device_log = pipe.recv()
             logs.append(device_log)
-        return configs, logs, records
+        return ClusterRun(configs, logs, records, meter)
     finally:
         for proc in procs:
             proc.join(timeout=10)
@@ -296,12 +328,12 @@ def run_cluster(config: SimConfig, on_event: OnEvent, run_id: str | None = None,
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-def write_run(record_path: Path, run_id: str, config: SimConfig, configs: list[DeviceConfig],
-              logs: list[DeviceLog], records: list[ExchangeRecord], keys: SimKeys) -> None:
+def write_run(record_path: Path, run_id: str, config: SimConfig, cluster: ClusterRun, keys: SimKeys) -> None:
     """Write every device's run into the workload record."""
     far_delay_ms = max((spec.far_delay_ms for spec in config.devices), default=0.0)  # the machine's far tier
+    records = cluster.records
     with WorkloadRecord.open(record_path) as record:
-        for dc, device_log in zip(configs, logs, strict=True):
+        for dc, device_log in zip(cluster.configs, cluster.logs, strict=True):
             params = StuffingParams(n_blocks=device_log.n_blocks, block_bytes=dc.block_bytes, layers=dc.layers,
                                     parents=dc.parents)
             mine = tuple(r for r in records if r.device_id == dc.device_id)
@@ -309,7 +341,8 @@ def write_run(record_path: Path, run_id: str, config: SimConfig, configs: list[D
                 device_id=dc.device_id, kind=config.kind, declared_bytes=dc.declared_bytes,
                 stuffing_seed=bytes.fromhex(dc.stuffing_seed), stuffing=params, state_tokens=dc.state_tokens,
                 model=dc.model, far_delay_ms=far_delay_ms, operator=keys.operators[dc.device_id].address,
-                log=device_log, exchanges=mine))
+                log=device_log, exchanges=mine, compute_flops=config.compute_flops, sampling_seed=dc.prompt_seed,
+                meter=tuple(m for m in cluster.meter if m.device_id == dc.device_id)))
 
 
 def verify_device(record: WorkloadRecord, run_id: str, spec: SimDeviceSpec, operator: str, config: SimConfig,
@@ -321,20 +354,41 @@ def verify_device(record: WorkloadRecord, run_id: str, spec: SimDeviceSpec, oper
     """
     from node.spotcheck.workload import WorkloadReplayer, get_weights_digest  # torch only where states are replayed
 
-    run = read_device_run(record, run_id, spec.device_id, config.get_catalog(), operator)
+    run = read_device_run(record, run_id, spec.device_id, config.get_catalog(), operator, config.get_flops_catalog())
     check_exchanges([run.declaration], run.exchanges)
     if run.model != spec.model or run.weights_digest != get_weights_digest(models[spec.model]):
         raise InvalidSpotParams(f"ran {run.model} {run.weights_digest[:16]}, not the declared {spec.model}",
                                 device=spec.device_id)
+    declaration = replace(run.declaration, step_flops=compute_step_flops(get_model_shape(models[spec.model]),
+                                                                         run.state_tokens),
+                          achieved_share=config.achieved_share.get(spec.model, 1.0))
     blocks = np.empty((run.declaration.stuffing.n_blocks, run.declaration.stuffing.words), dtype=np.uint64)
     compute_stuffing(run.declaration.stuffing_seed, run.declaration.stuffing, blocks)
-    replayer = WorkloadReplayer(models[spec.model], run.tokens, run.state_tokens)
+    replayer = WorkloadReplayer(models[spec.model], run.tokens, run.state_tokens, run.sampling_seed)
+    draw = np.random.default_rng(secrets.randbits(128))  # the verifier's audit draw, after the record is complete
     start = min((e.sent_ns for e in run.exchanges), default=0)
-    windows = split_windows(run.exchanges, start, int(config.window_s * 1e9))
-    measured = tuple(measure_window(run.declaration, w, run.steps, exchanges, blocks, replayer.recompute_state)
-                     for w, exchanges in sorted(windows.items()))
+    window_ns = int(config.window_s * 1e9)
+    windows = split_windows(run.exchanges, start, window_ns)
+    end = max([e.received_ns or e.sent_ns for e in run.exchanges] + [t for t, _ in run.meter[-1:]], default=start)
+    measured = []
+    for w, exchanges in sorted(windows.items()):
+        bounds = (start + w * window_ns, max(start + w * window_ns + 1, min(start + (w + 1) * window_ns, end)))
+        inside = [s.step for s in run.steps if bounds[0] <= s.end_ns < bounds[1]]
+        audited: list[int] = ([int(s) for s in draw.choice(inside, min(len(inside), config.audit_steps),
+                                                           replace=False)] if inside else [])
+        measured.append(measure_window(declaration, w, run.steps, exchanges, blocks, replayer.recompute_state,
+                                       bounds_ns=bounds, device_s=compute_meter_seconds(run.meter, *bounds),
+                                       audited=audited, check_token=replayer.check_token))
     policy = config.get_policy()
-    return measured, tuple(decide_window(m, policy) for m in measured)
+    return tuple(measured), tuple(decide_window(m, policy) for m in measured)
+
+
+def get_model_shape(model: Any) -> ModelShape:
+    """Return the cost-relevant shape of the verifier's own copy of a declared model."""
+    c = model.config
+    return ModelShape(layers=int(c.num_hidden_layers), hidden=int(c.hidden_size),
+                      intermediate=int(c.intermediate_size), heads=int(c.num_attention_heads),
+                      kv_heads=int(c.num_key_value_heads or c.num_attention_heads), vocab=int(c.vocab_size))
 
 
 def load_models(config: SimConfig) -> dict[str, Any]:
@@ -405,10 +459,11 @@ def _run_sim(config: SimConfig, out_dir: Path, on_event: OnEvent, run_id: str, k
 
         stakes = process_open_runs(devnet, run_id)
     on_event("phase", {"text": f"starting {len(config.devices)} devices (fill {config.arena_mib} MiB each)"})
-    configs, logs, records = run_cluster(config, on_event, run_id, keys)
+    cluster = run_cluster(config, on_event, run_id, keys)
+    logs = cluster.logs
     record_path = out_dir / "records" / run_id
     on_event("phase", {"text": f"writing the workload record {record_path}"})
-    write_run(record_path, run_id, config, configs, logs, records, keys)
+    write_run(record_path, run_id, config, cluster, keys)
     on_event("phase", {"text": "verifying every device from the record"})
     operators = {d: str(a.address) for d, a in keys.operators.items()}
     models = load_models(config)
@@ -457,7 +512,12 @@ def get_feasibility(record: WorkloadRecord, run_id: str, config: SimConfig, resu
                                free_bytes=declaration.catalog_bytes - declaration.accounted_bytes,
                                min_undeclared_bytes=config.min_undeclared_bytes)
     margins = compute_feasibility_margins(inputs)
-    return {"inputs": asdict(inputs), "margins": asdict(margins), "sound": is_sound(margins)}
+    utilisation = [m.utilisation for d in honest for m in d.measurements]
+    throughput = {"honest_utilisation_min": min(utilisation, default=0.0),
+                  "honest_utilisation_max": max(utilisation, default=0.0), "min_utilisation": config.min_utilisation,
+                  "margin": (min(utilisation, default=0.0) / config.min_utilisation if config.min_utilisation
+                             else float("inf"))}
+    return {"inputs": asdict(inputs), "margins": asdict(margins), "sound": is_sound(margins), "throughput": throughput}
 
 
 def get_result_json(result: SimResult) -> dict[str, Any]:
@@ -474,7 +534,8 @@ def get_result_json(result: SimResult) -> dict[str, Any]:
                            "max": max(latencies, default=None)},
             "windows": [{**asdict(v), **{k: getattr(m, k) for k in (
                 "challenges", "state_challenges", "labels_challenges", "missing", "errors", "unsigned", "wrong_labels",
-                "stale_state", "unknown_step")}, "max_state_quanta": max(m.state_quanta, default=0)}
+                "stale_state", "unknown_step", "declared_steps", "device_s", "audited_steps", "fabricated_steps")},
+                "utilisation": m.utilisation, "max_state_quanta": max(m.state_quanta, default=0)}
                 for m, v in zip(d.measurements, d.verdicts, strict=True)],
         })
     chain = None if result.chain is None else {"ok": result.chain_ok, "operators": [

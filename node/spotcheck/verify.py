@@ -28,6 +28,7 @@ from node.spotcheck.auth import compute_challenge_digest, is_answer_signed_by
 from node.spotcheck.errors import ReplayedNonce, SpotCode, UnknownDevice
 from node.spotcheck.feasibility import compute_max_late
 from node.spotcheck.stuffing import StuffingParams
+from node.spotcheck.throughput import compute_overlap_steps
 from node.spotcheck.wire import Answer, Challenge
 
 
@@ -44,6 +45,10 @@ class DeviceDeclaration:
     stuffing_seed: bytes
     run_id: str
     operator: str  # from the verifier's own source (run config, the chain's openRun), never from the prover
+    registry_flops: float = 0.0  # the compute the device registered (prover)
+    catalog_flops: float = 0.0  # the kind's peak FLOP/s from the verifier's catalogue
+    achieved_share: float = 1.0  # the share of that peak the declared model reaches on the kind (verifier-measured)
+    step_flops: int = 0  # one declared step's cost, computed by the verifier from the declared model's config
 
     @property
     def accounted_bytes(self) -> int:
@@ -103,6 +108,20 @@ class WindowMeasurement:
     declared_bytes: int
     catalog_bytes: int
     accounted_bytes: int
+    # the declared-throughput check: declared steps in the window × their cost vs what the device could do in it
+    declared_steps: float = 0.0
+    declared_flops: float = 0.0
+    device_s: float = 0.0
+    capacity_flops: float = 0.0  # catalogue peak × the model's achieved share × device seconds
+    registry_flops: float = 0.0
+    catalog_flops: float = 0.0
+    audited_steps: int = 0  # declared steps of the window whose recorded token the verifier replayed
+    fabricated_steps: int = 0  # of those, steps whose token the replayed logits do not give: never computed
+
+    @property
+    def utilisation(self) -> float:
+        """Return declared work ÷ capacity (1 where there is no capacity to account for)."""
+        return self.declared_flops / self.capacity_flops if self.capacity_flops > 0 else 1.0
 
 
 class SpotcheckPolicy(BaseModel):
@@ -120,6 +139,9 @@ class SpotcheckPolicy(BaseModel):
     state_tolerance_quanta: int = Field(0, ge=0)
     capacity_slack_bytes: int = Field(ge=0)
     min_challenges: int = Field(1, ge=0)
+    # the least declared work ÷ capacity a window may show; below it the unused capacity is room for undeclared
+    # work ("idle_capacity"); 0 disables the check (from a measured honest calibration, docs/spotcheck.md)
+    min_utilisation: float = Field(0.0, ge=0, le=1)
 
 
 @dataclass(frozen=True)
@@ -152,8 +174,17 @@ def _is_stale(steps: Sequence[StepRecord], ends: list[int], step: int, sent_ns: 
 
 def measure_window(declaration: DeviceDeclaration, window: int, steps: Sequence[StepRecord],
                    exchanges: Sequence[Exchange], blocks: np.ndarray,
-                   recompute_state: Callable[[int], np.ndarray | None]) -> WindowMeasurement:
-    """Measure one window of one device: latencies, missing, wrong labels, state distances, stale answers."""
+                   recompute_state: Callable[[int], np.ndarray | None], *,
+                   bounds_ns: tuple[int, int] | None = None, device_s: float | None = None,
+                   audited: Sequence[int] = (), check_token: Callable[[int], bool | None] | None = None
+                   ) -> WindowMeasurement:
+    """Measure one window of one device: latencies, missing, wrong labels, state distances, stale answers, work.
+
+    With the window's bounds (verifier clock) the declared work done in it is measured against the device's
+    capacity over `device_s` device seconds (None: the window's wall time, a dedicated device). The declared
+    steps in `audited` (drawn by the verifier) are replayed with `check_token`: a step whose recorded token its
+    logits do not give was recorded, not computed, and its claimed work is fabricated.
+    """
     by_step = {s.step: s for s in steps}
     ordered = sorted(steps, key=lambda s: s.end_ns)
     ends = [s.end_ns for s in ordered]
@@ -188,17 +219,32 @@ def measure_window(declaration: DeviceDeclaration, window: int, steps: Sequence[
         stale += _is_stale(ordered, ends, record.step, ex.sent_ns)
         recomputed = compute_state_answer(state, ex.nonce)
         quanta.append(compute_state_distance(answer.sketch or (), recomputed))
+    done, seconds, capacity = _measure_work(declaration, steps, bounds_ns, device_s)
+    results = [check_token(step) for step in audited] if check_token is not None else []
     return WindowMeasurement(
         device_id=declaration.device_id, window=window, challenges=len(exchanges), state_challenges=n_state,
         labels_challenges=len(exchanges) - n_state, missing=missing, errors=errors, unsigned=unsigned,
         wrong_labels=wrong_labels,
         stale_state=stale, unknown_step=unknown, latencies_ms=tuple(latencies), state_quanta=tuple(quanta),
         declared_bytes=declaration.declared_bytes, catalog_bytes=declaration.catalog_bytes,
-        accounted_bytes=declaration.accounted_bytes)
+        accounted_bytes=declaration.accounted_bytes, declared_steps=done, declared_flops=done * declaration.step_flops,
+        device_s=seconds, capacity_flops=capacity, registry_flops=declaration.registry_flops,
+        catalog_flops=declaration.catalog_flops, audited_steps=sum(r is not None for r in results),
+        fabricated_steps=sum(r is False for r in results))
+
+
+def _measure_work(declaration: DeviceDeclaration, steps: Sequence[StepRecord], bounds_ns: tuple[int, int] | None,
+                  device_s: float | None) -> tuple[float, float, float]:
+    # (declared steps, device seconds, capacity FLOPs) of the window; nothing measured without its bounds
+    if bounds_ns is None:
+        return 0.0, 0.0, 0.0
+    done = compute_overlap_steps([(s.start_ns, s.end_ns) for s in steps], *bounds_ns)
+    seconds = (bounds_ns[1] - bounds_ns[0]) / 1e9 if device_s is None else device_s
+    return done, seconds, declaration.catalog_flops * declaration.achieved_share * seconds
 
 
 def decide_window(m: WindowMeasurement, policy: SpotcheckPolicy) -> WindowVerdict:
-    """Apply the policy: any wrong, stale, unknown or missing answer, too many late ones, or a capacity gap fails."""
+    """Apply the policy: a wrong, stale, unknown or missing answer, too many late ones, a capacity gap, idle compute."""
     failures: list[str] = []
     late = sum(latency > policy.x_ms for latency in m.latencies_ms)
     allowed = policy.max_late
@@ -212,9 +258,12 @@ def decide_window(m: WindowMeasurement, policy: SpotcheckPolicy) -> WindowVerdic
         ("wrong_state", any(q > policy.state_tolerance_quanta for q in m.state_quanta)),
         ("stale_state", m.stale_state > 0),
         ("unknown_step", m.unknown_step > 0),
-        ("capacity", m.declared_bytes != m.catalog_bytes
+        ("fabricated_step", m.fabricated_steps > 0),
+        ("capacity", m.declared_bytes != m.catalog_bytes or m.registry_flops != m.catalog_flops
          or m.catalog_bytes - m.accounted_bytes > policy.capacity_slack_bytes),
         ("too_few_challenges", m.challenges < policy.min_challenges),
+        ("idle_capacity", policy.min_utilisation > 0 and (m.capacity_flops <= 0
+                                                          or m.utilisation < policy.min_utilisation)),
     ]
     failures = [name for name, failed in checks if failed]
     return WindowVerdict(device_id=m.device_id, window=m.window, passed=not failures, failures=tuple(failures))

@@ -57,10 +57,14 @@ def compute_state(model: LlamaForCausalLM, context: np.ndarray) -> tuple[np.ndar
     return hidden[0].numpy().astype(np.float32, copy=True), logits[0].numpy().astype(np.float64)
 
 
-def compute_sampled_token(logits: np.ndarray, rng: np.random.Generator) -> int:
-    """Return a token sampled from softmax(logits) (greedy decoding of a random model repeats one token)."""
+def compute_sampled_token(logits: np.ndarray, sampling_seed: int, step: int) -> int:
+    """Return the token sampled from softmax(logits) with a generator seeded by (seed, step): replayable per step.
+
+    Greedy decoding of a random model repeats one token; a per-step seed lets a verifier check any one step's
+    token from that step alone (a step recorded but never computed carries a token the logits do not give).
+    """
     p = np.exp(logits - logits.max())
-    return int(rng.choice(len(p), p=p / p.sum()))
+    return int(np.random.default_rng((sampling_seed, step)).choice(len(p), p=p / p.sum()))
 
 
 def compute_prompt(seed: int, tokens: int, vocab_size: int) -> np.ndarray:
@@ -73,7 +77,7 @@ class InferenceWorkload:
 
     def __init__(self, model: LlamaForCausalLM, prompt: np.ndarray, sampling_seed: int) -> None:
         self.model = model
-        self.rng = np.random.default_rng(sampling_seed)
+        self.sampling_seed = sampling_seed
         self.window = len(prompt)
         self.tokens: list[int] = [int(t) for t in prompt]
         self.steps = 0
@@ -82,25 +86,49 @@ class InferenceWorkload:
         """Run one step; return (its index, the state)."""
         s = self.steps
         state, logits = compute_state(self.model, np.asarray(self.tokens[s:s + self.window]))
-        self.tokens.append(compute_sampled_token(logits, self.rng))
+        self.tokens.append(compute_sampled_token(logits, self.sampling_seed, s))
         self.steps += 1
         return s, state
+
+    def fabricate_step(self, rng: np.random.Generator) -> int:
+        """The fabricate cheat: record a step without computing it (a random token); return its index."""
+        s = self.steps
+        self.tokens.append(int(rng.integers(0, int(self.model.config.vocab_size))))
+        self.steps += 1
+        return s
+
+    def compute_state_of(self, step: int) -> np.ndarray:
+        """Return the state of a step already recorded, computed now (the fabricate cheat's on-demand answer)."""
+        state, _ = compute_state(self.model, np.asarray(self.tokens[step:step + self.window]))
+        return state
 
 
 class WorkloadReplayer:
     """Re-execute steps of a recorded run from its tokens (the verifier's side), caching states."""
 
-    def __init__(self, model: LlamaForCausalLM, tokens: np.ndarray, window: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, tokens: np.ndarray, window: int, sampling_seed: int = 0) -> None:
         self.model = model
         self.tokens = np.asarray(tokens, dtype=np.int64)
         self.window = window
-        self._cache: dict[int, np.ndarray] = {}
+        self.sampling_seed = sampling_seed
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def recompute_state(self, step: int) -> np.ndarray | None:
-        """Return the state of step `step`, re-executed from tokens[step : step+window] (None past the tokens)."""
+    def _replay(self, step: int) -> tuple[np.ndarray, np.ndarray] | None:
         if step not in self._cache:
             context = self.tokens[step:step + self.window]
             if step < 0 or len(context) != self.window:
                 return None
-            self._cache[step], _ = compute_state(self.model, context)
+            self._cache[step] = compute_state(self.model, context)
         return self._cache[step]
+
+    def recompute_state(self, step: int) -> np.ndarray | None:
+        """Return the state of step `step`, re-executed from tokens[step : step+window] (None past the tokens)."""
+        replayed = self._replay(step)
+        return None if replayed is None else replayed[0]
+
+    def check_token(self, step: int) -> bool | None:
+        """Check that step `step`'s recorded token is the one its replayed logits give (None: nothing to check)."""
+        replayed = self._replay(step)
+        if replayed is None or step + self.window >= len(self.tokens):
+            return None
+        return compute_sampled_token(replayed[1], self.sampling_seed, step) == int(self.tokens[step + self.window])

@@ -76,7 +76,7 @@ def test_the_sim_policy_tolerates_a_machine_stall_but_not_a_far_state() -> None:
     base = dict(device_id="d", window=0, challenges=19, state_challenges=9, labels_challenges=10, missing=0, errors=0,
                 unsigned=0,
                 wrong_labels=0, stale_state=0, unknown_step=0, state_quanta=(), declared_bytes=1, catalog_bytes=1,
-                accounted_bytes=1)
+                accounted_bytes=1, declared_flops=1.0, capacity_flops=1.0)  # a full window of declared work
     stall = [220.0] * 18 + [1538.0]  # run 3: one ~1.5 s stall of the whole machine
     far = [220.0] * 10 + [900.0] * 9  # every state answer from far memory
     assert decide_window(WindowMeasurement(**base, latencies_ms=tuple(stall)), policy).passed

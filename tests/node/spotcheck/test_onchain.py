@@ -67,6 +67,7 @@ def test_window_and_run_ids_separate_runs_devices_and_windows():
     assert compute_run_key("a") != compute_run_key("b") and len(compute_run_key("a")) == 32
     assert get_reason(WindowVerdict("d", 0, True, ())) is SpotReason.OK
     assert get_reason(WindowVerdict("d", 0, False, ("missing", "late"))) is SpotReason.LATE
+    assert get_reason(WindowVerdict("d", 0, False, ("idle_capacity",))) is SpotReason.CAPACITY
 
 
 def test_spot_reasons_share_the_code_space_of_reason():

@@ -1,4 +1,4 @@
-"""The spot-check modules that decide (stuffing, answers, wire, feasibility, verify) do no I/O, like node/protocol."""
+"""The spot-check modules that decide (stuffing, answers, wire, feasibility, throughput, verify) do no I/O."""
 
 from pathlib import Path
 
@@ -7,9 +7,9 @@ import pytest
 from tests.test_layering import IO_MODULES, imports_of
 
 ROOT = Path(__file__).resolve().parents[3]
-PURE = ("errors", "stuffing", "answers", "wire", "auth", "feasibility", "verify")
+PURE = ("errors", "stuffing", "answers", "wire", "auth", "feasibility", "throughput", "verify")
 ALLOWED_NODE = ("node.protocol", "node.spotcheck.errors", "node.spotcheck.stuffing", "node.spotcheck.answers",
-                "node.spotcheck.wire", "node.spotcheck.auth", "node.spotcheck.feasibility")
+                "node.spotcheck.wire", "node.spotcheck.auth", "node.spotcheck.feasibility", "node.spotcheck.throughput")
 
 
 @pytest.mark.parametrize("name", PURE)

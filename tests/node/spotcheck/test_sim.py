@@ -28,6 +28,32 @@ def test_a_small_cluster_flags_exactly_the_cheaters(tmp_path):
     assert result.feasibility["inputs"]["z_min_s"] > 0
 
 
+def test_undeclared_compute_in_the_gaps_is_caught_by_the_declared_throughput_check(tmp_path):
+    """Issue 31 finding 5: declared steps + undeclared compute between them, every answer right and in time.
+
+    The gaps device spends 90 % of its compute on undeclared inference (the review: 51–56 s of 60 s) and its
+    answers pass; the fabricate device does the same but records fake steps for the time it spent on
+    undeclared work (so its declared work looks full) and computes a state only when a challenge asks.
+    """
+    roster = (SimDeviceSpec(device_id="honest"), SimDeviceSpec(device_id="honest-gc", gc_pressure=True),
+              SimDeviceSpec(device_id="gaps", behaviour="gaps", gaps_fraction=0.9),
+              SimDeviceSpec(device_id="fabricate", behaviour="fabricate", gaps_fraction=0.5))
+    config = SimConfig(devices=roster, arena_mib=2, layers=4, run_s=12, window_s=6, rate_hz=4, cpu_hog=False)
+    assert config.get_policy().min_utilisation > 0
+    result = run_sim(config, tmp_path, lambda kind, payload: None)
+    by_id = {d.device_id: d for d in result.devices}
+    for honest in ("honest", "honest-gc"):
+        assert not by_id[honest].flagged, [(v.failures, m.utilisation) for v, m in zip(
+            by_id[honest].verdicts, by_id[honest].measurements, strict=True)]
+    gaps = by_id["gaps"]
+    assert all(v.failures == ("idle_capacity",) for v in gaps.verdicts), gaps.verdicts  # its answers all pass
+    assert all(m.utilisation < config.min_utilisation for m in gaps.measurements)
+    fabricate = by_id["fabricate"]
+    assert all("fabricated_step" in v.failures for v in fabricate.verdicts), fabricate.verdicts
+    assert all(m.fabricated_steps > 0 for m in fabricate.measurements)
+    assert result.ok
+
+
 def test_on_chain_three_validators_slash_exactly_the_cheaters_operator(tmp_path):
     roster = (SimDeviceSpec(device_id="honest"),
               SimDeviceSpec(device_id="evict-half", behaviour="evict", evict_fraction=0.5))
