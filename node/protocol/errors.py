@@ -127,6 +127,8 @@ class Reason(IntEnum):
     SPOT_LATE = 805
     SPOT_MISSING = 806
     SPOT_TOO_FEW_CHALLENGES = 807
+    SPOT_IDLE_CAPACITY = 808  # declared work left more of the catalogued compute unused than the calibrated slack
+    SPOT_FABRICATED_STEP = 809  # a recorded declared step whose token its replayed logits do not give
 
     # 9xx: mixture-of-experts duties (node.protocol.moe.MoeReason has the same codes)
     MOE_MALFORMED = 900

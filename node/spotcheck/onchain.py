@@ -28,14 +28,16 @@ RUN_DOMAIN = b"verinfer/spotcheck/run/v1"
 
 
 class SpotReason(IntEnum):
-    """Spot-check reason codes (8xx, Reason.SPOT_*); the first failure found wins."""
+    """Spot-check reason codes (8xx, Reason.SPOT_*); the first failure in this (definition) order wins."""
 
     OK = 0
     WRONG_LABELS = 800
     WRONG_STATE = 801
     STALE_STATE = 802
     UNKNOWN_STEP = 803
+    FABRICATED_STEP = 809
     CAPACITY = 804
+    IDLE_CAPACITY = 808
     LATE = 805
     MISSING = 806
     TOO_FEW_CHALLENGES = 807
@@ -77,12 +79,6 @@ def compute_policy_digest(policy: SpotcheckPolicy) -> bytes:
 def get_reason(verdict: WindowVerdict) -> SpotReason:
     """Return the verdict's reason: the highest-precedence failure (wrong answers before timing)."""
     failures = set(verdict.failures)
-    # until they have codes of their own: unused compute is a capacity failure (804), a step recorded but never
-    # computed an unknown step (803)
-    if "idle_capacity" in failures:
-        failures.add("capacity")
-    if "fabricated_step" in failures:
-        failures.add("unknown_step")
     return next((reason for reason in SpotReason if reason.name.lower() in failures), SpotReason.OK)
 
 

@@ -67,7 +67,12 @@ def test_window_and_run_ids_separate_runs_devices_and_windows():
     assert compute_run_key("a") != compute_run_key("b") and len(compute_run_key("a")) == 32
     assert get_reason(WindowVerdict("d", 0, True, ())) is SpotReason.OK
     assert get_reason(WindowVerdict("d", 0, False, ("missing", "late"))) is SpotReason.LATE
-    assert get_reason(WindowVerdict("d", 0, False, ("idle_capacity",))) is SpotReason.CAPACITY
+    assert get_reason(WindowVerdict("d", 0, False, ("idle_capacity",))) is SpotReason.IDLE_CAPACITY == 808
+    assert get_reason(WindowVerdict("d", 0, False, ("fabricated_step",))) is SpotReason.FABRICATED_STEP == 809
+    # wrong answers before capacity before timing
+    assert get_reason(WindowVerdict("d", 0, False, ("late", "idle_capacity", "fabricated_step"))) is (
+        SpotReason.FABRICATED_STEP)
+    assert get_reason(WindowVerdict("d", 0, False, ("late", "idle_capacity"))) is SpotReason.IDLE_CAPACITY
 
 
 def test_spot_reasons_share_the_code_space_of_reason():
