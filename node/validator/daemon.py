@@ -53,16 +53,17 @@ from node.engines.models import ModelFiles
 from node.engines.tokenizer import ModelTokenizer
 from node.errors import FatalError, InvalidInput, Reason, RecoverableError
 from node.executer.api import InferencePayload, StockPayload, decode_inference_payload, decode_stock_payload
-from node.protocol.artifact import compute_leaf_proof, compute_positions_root, encode_header, encode_leaf
 from node.protocol.hashing import keccak256
 from node.protocol.projection import KIND_PROJECTION
 from node.protocol.stock import is_stock_commitment
 from node.store.leveldb import ConflictingVerdict, Store, VerdictRecord
 from node.validator.batching import PrefillBatcher
 from node.validator.config import ValidatorConfig
+from node.validator.fraud import TERMINATION_REASONS, FraudProof, build_fraud_proof
 from node.validator.gossip import InvalidGossip, decode_gossip_vote, decode_vote_message, encode_vote_message
 from node.validator.health import HealthLimits, HealthMonitor, HealthReport, HealthStatus, decide_health
 from node.validator.httpread import read_capped
+from node.validator.jobs import Ballot, Job, vote_from_json, vote_to_json
 from node.validator.stock import find_stock_payload_mismatch, verify_stock_payload
 from node.validator.tasks import wait_stop_or_failure
 from node.validator.verify import (
@@ -70,7 +71,6 @@ from node.validator.verify import (
     ChainFacts,
     PreparedCheck,
     VerificationReport,
-    decode_payload_artifact,
     find_payload_mismatch,
     finish_verification,
     prepare_verification,
@@ -139,80 +139,6 @@ class Metrics:
                                         registry=self.registry)
         self.healthy = Gauge("verinfer_healthy", "1 while the node may sign", registry=self.registry)
         self.queue = Gauge("verinfer_queue_depth", "Work waiting", ["queue"], registry=self.registry)
-
-
-@dataclass(frozen=True)
-class FraudProof:
-    """One artifact leaf that breaks a stage-1 rule, with what the contract needs to check it.
-
-    A sampler-rule proof (proveFraud) carries the header hash; a termination-rule proof
-    (proveTermination) carries the whole header, and for the header-level case (empty or over-long
-    output: no leaf, position -1) the positions root.
-    """
-
-    header_hash: bytes
-    leaf: bytes
-    proof: list[bytes]
-    position: int
-    header: bytes = b""
-    positions_root: bytes = b""
-
-    @property
-    def is_termination(self) -> bool:
-        """Check whether this proves the termination rule (proveTermination) rather than the sampler's."""
-        return bool(self.header)
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the proof as JSON for the store."""
-        return {"header_hash": self.header_hash.hex(), "leaf": self.leaf.hex(), "proof": [p.hex() for p in self.proof],
-                "position": self.position, "header": self.header.hex(), "positions_root": self.positions_root.hex()}
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any]) -> FraudProof:
-        """Return a proof stored by to_json."""
-        return cls(bytes.fromhex(value["header_hash"]), bytes.fromhex(value["leaf"]),
-                   [bytes.fromhex(p) for p in value["proof"]], int(value["position"]),
-                   bytes.fromhex(value.get("header", "")), bytes.fromhex(value.get("positions_root", "")))
-
-
-@dataclass(frozen=True)
-class Job:
-    """A committed inference to check."""
-
-    facts: ChainFacts
-    operator: str
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the job as JSON for the store."""
-        facts = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(self.facts).items()}
-        return {"facts": facts, "operator": self.operator}
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any]) -> Job:
-        """Return a job stored by to_json."""
-        f = value["facts"]
-        facts = ChainFacts(int(f["inference_id"]), int(f["user_seed"]), bytes.fromhex(f["model_id"]),
-                           int(f["temperature_bits"]), int(f["top_p_bits"]), int(f["top_k"]), int(f["max_tokens"]),
-                           bytes.fromhex(f["prompt_hash"]), bytes.fromhex(f["output_hash"]),
-                           bytes.fromhex(f["artifact_root"]), bytes.fromhex(f["fingerprint_hash"]),
-                           bytes.fromhex(f.get("projection_block_hash", NO_BLOCK_HASH.hex())))
-        return cls(facts, str(value["operator"]))
-
-    def commitment(self) -> Commitment:
-        """Return the commitment of the InferenceCommitted event this job came from."""
-        return Commitment(self.facts.output_hash, self.facts.artifact_root, self.facts.fingerprint_hash)
-
-
-@dataclass
-class Ballot:
-    """The signed votes known for one inference, and when to look at submitting them next (monotonic s)."""
-
-    votes: dict[str, Vote]
-    first_seen: float
-    due: float
-    attempts: int = 0
-    running: bool = False
-    last_missing: frozenset[str] = frozenset()
 
 
 class DeferredCursor:
@@ -337,7 +263,7 @@ class ValidatorNode:
         for iid, _ in self.store.jobs("verified"):
             self.verdicts.put_nowait(iid)
         for iid in self.store.voted_inferences():
-            votes = {signer: _vote_from_json(v) for signer, v in self.store.votes(iid).items()}
+            votes = {signer: vote_from_json(v) for signer, v in self.store.votes(iid).items()}
             self._ballots[iid] = Ballot(votes, now - self.config.submit_grace, now)
         log.info("jobs loaded", extra={"pending": self.jobs.qsize(), "verified": self.verdicts.qsize(),
                                        "ballots": len(self._ballots)})
@@ -846,7 +772,7 @@ class ValidatorNode:
     def _add_vote(self, inference_id: int, signer: str, vote: Vote) -> None:
         """Keep a signed vote (synced) and have the submitter look at its inference now."""
         now = time.monotonic()
-        if self.store.put_vote(inference_id, signer, _vote_to_json(vote)) or inference_id not in self._ballots:
+        if self.store.put_vote(inference_id, signer, vote_to_json(vote)) or inference_id not in self._ballots:
             ballot = self._ballots.setdefault(inference_id, Ballot({}, now, now))
             ballot.votes[signer] = vote
             ballot.due = now
@@ -1090,35 +1016,6 @@ class ValidatorNode:
         site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port)
         await site.start()
         return runner
-
-
-def _vote_to_json(vote: Vote) -> dict[str, Any]:
-    return {"valid": vote.valid, "reason": vote.reason, "scores_digest": vote.scores_digest.hex(),
-            "deadline": vote.deadline, "signature": vote.signature.hex()}
-
-
-def _vote_from_json(value: dict[str, Any]) -> Vote:
-    return Vote(bool(value["valid"]), int(value["reason"]), bytes.fromhex(value["scores_digest"]),
-                int(value["deadline"]), bytes.fromhex(value["signature"]))
-
-
-TERMINATION_REASONS = frozenset({Reason.NOT_TERMINATED, Reason.TOKENS_AFTER_STOP, Reason.OUTPUT_TOO_LONG})
-
-
-def build_fraud_proof(payload: InferencePayload, position: int | None,
-                      reason: Reason = Reason.CHOSEN_MISMATCH) -> FraudProof:
-    """Return the fraud proof of a stage-1 failure at `position` (None: header level) of a payload's artifact."""
-    art = decode_payload_artifact(payload)
-    header = encode_header(art.header)
-    if reason in TERMINATION_REASONS:
-        if position is None:  # empty or over-long: the header and the positions root prove it
-            return FraudProof(keccak256(header), b"", [], -1, header, compute_positions_root(art.positions))
-        return FraudProof(keccak256(header), encode_leaf(art.positions, position), compute_leaf_proof(art, position),
-                          position, header)
-    if position is None:
-        raise InvalidInput(f"{reason.name} is not provable from one leaf", reason)
-    return FraudProof(keccak256(header), encode_leaf(art.positions, position), compute_leaf_proof(art, position),
-                      position)
 
 
 __all__ = [
