@@ -237,7 +237,7 @@ def replay_command(graph: str, binding: str = typer.Option("recorded", help="Bin
     A binding without any claimed output has nothing to compare: exit 2 (missing data).
     """
     from node.workload.errors import UnknownObject, WorkloadError
-    from node.workload.replay import ReplayResult, is_replay_match, replay_binding
+    from node.workload.replay import ReplayResult, decide_replay, replay_binding
 
     result: ReplayResult
 
@@ -247,11 +247,14 @@ def replay_command(graph: str, binding: str = typer.Option("recorded", help="Bin
             result = replay_binding(rec, g, rec.get_binding(graph, binding))
     except (UnknownObject, WorkloadError, VerinferError) as exc:
         fail(f"cannot replay: {exc}", 2)
-    match = is_replay_match(result)
-    emit({**dataclasses.asdict(result), "match": match}, as_json)
+    decision = decide_replay(result)
+    emit({**dataclasses.asdict(result), "match": decision.match, "reason": decision.reason.name,
+          "failing_output": decision.output}, as_json)
     if not result.outputs:
         fail(f"no claimed output bound to compare with (unclaimed: {list(result.unclaimed)})", 2)
-    raise typer.Exit(0 if match else 1)
+    if not decision.match and not as_json:
+        console.print(f"mismatch: {decision.output}: {decision.reason.value}")
+    raise typer.Exit(0 if decision.match else 1)
 
 
 @workload_app.command("check-inference")
