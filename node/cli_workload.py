@@ -318,15 +318,27 @@ def export_trace_command(trace: str, out: Path = typer.Option(..., help="Chrome 
 def import_devices_command(topology: Path = typer.Option(..., help="SLURM topology.conf"),
                            gres: Path = typer.Option(..., help="SLURM gres.conf"), record: Path = RECORD) -> None:
     """Register the devices and links of a SLURM-style topology.conf / gres.conf pair."""
-    from node.workload.devices import compute_registry
+    from node.workload.devices import ImportLimits, import_registry
+    from node.workload.errors import InvalidImport
 
-    devices, links = compute_registry(topology.read_text(), gres.read_text())
+    limits = ImportLimits()
+    data = {}
+    for path in (topology, gres):
+        try:
+            with path.open("rb") as f:
+                data[path] = f.read(limits.max_bytes + 1)  # bounded: a huge file is refused, not read whole
+        except OSError as exc:
+            raise InvalidImport(f"cannot read ({exc.strerror})", obj=str(path)) from exc
+    result = import_registry(data[topology], data[gres], topology_name=str(topology), gres_name=str(gres),
+                             limits=limits)
+    for line in result.ignored:
+        console.print(f"ignored {line}")
     with _writable(record) as rec:
-        for d in devices:
+        for d in result.devices:
             rec.put_device(d)
-        for link in links:
+        for link in result.links:
             rec.put_link(link)
-    console.print(f"registered {len(devices)} devices and {len(links)} links")
+    console.print(f"registered {len(result.devices)} devices and {len(result.links)} links")
 
 
 @workload_app.command("demo")

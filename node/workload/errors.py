@@ -22,6 +22,10 @@ class InvalidObject(WorkloadError):
     """A device, link, trace, tensor or graph that breaks the data model's rules."""
 
 
+class InvalidImport(InvalidObject):
+    """A device-registry file (SLURM topology.conf / gres.conf) that does not parse; obj is ``file:line``."""
+
+
 class UnknownObject(WorkloadError):
     """A reference to an object the record does not hold (device, op, tensor, graph, trace)."""
 
