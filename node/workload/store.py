@@ -33,6 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -129,6 +130,8 @@ class WorkloadRecord:
         self._db = db
         self._snapshot = snapshot
         self._lock = threading.RLock()
+        # a reader's snapshot goes when it is closed, collected, or at interpreter exit (whichever first)
+        self._cleanup = weakref.finalize(self, _drop_snapshot, db, snapshot)
 
     @classmethod
     def open(cls, path: Path, *, readonly: bool = False) -> WorkloadRecord:
@@ -138,13 +141,17 @@ class WorkloadRecord:
         if readonly:
             if not (index / "CURRENT").exists():
                 raise UnknownObject("no workload record here", obj=str(path))
-            snapshot = Path(tempfile.mkdtemp(prefix="workload-snapshot-"))
-            shutil.copytree(index, snapshot / "index", ignore=shutil.ignore_patterns("LOCK"))
+            remove_stale_snapshots()
+            snapshot = Path(tempfile.mkdtemp(prefix=f"{SNAPSHOT_PREFIX}{os.getpid()}-"))
             try:
+                shutil.copytree(index, snapshot / "index", ignore=shutil.ignore_patterns("LOCK"))
                 db = plyvel.DB(str(snapshot / "index"), create_if_missing=False)
             except plyvel.Error as exc:
                 shutil.rmtree(snapshot, ignore_errors=True)
                 raise CorruptedEntry(f"index does not open ({exc})", obj=str(index)) from exc
+            except BaseException:
+                shutil.rmtree(snapshot, ignore_errors=True)
+                raise
             return cls(path, db, True, snapshot)
         (path / "blobs").mkdir(parents=True, exist_ok=True)
         try:
@@ -158,10 +165,7 @@ class WorkloadRecord:
     def close(self) -> None:
         """Close the index (and drop a reader's snapshot)."""
         with self._lock:
-            if not self._db.closed:
-                self._db.close()
-            if self._snapshot is not None:
-                shutil.rmtree(self._snapshot, ignore_errors=True)
+            self._cleanup()
 
     def __enter__(self) -> WorkloadRecord:
         return self
@@ -483,6 +487,47 @@ class WorkloadRecord:
         """Return the ids of the traces that executed a graph (or name its pending key), in order."""
         prefix = f"gtrace/{graph_id}\0"
         return [k[len(prefix):] for k, _ in self._scan(prefix, after, limit)]
+
+
+SNAPSHOT_PREFIX = "workload-snapshot-"
+
+
+def _drop_snapshot(db: Any, snapshot: Path | None) -> None:
+    """Close an index and remove a reader's snapshot folder (the finaliser of a WorkloadRecord)."""
+    if not db.closed:
+        db.close()
+    if snapshot is not None:
+        shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_snapshots(directory: Path | None = None) -> int:
+    """Remove reader snapshots left by processes that died without cleanup (killed); return how many."""
+    base = Path(directory or tempfile.gettempdir())
+    removed = 0
+    try:
+        candidates = list(base.glob(f"{SNAPSHOT_PREFIX}*-*"))
+    except OSError:
+        return 0
+    for folder in candidates:
+        pid_text = folder.name[len(SNAPSHOT_PREFIX):].split("-", 1)[0]
+        try:
+            owned = folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if owned and pid_text.isdigit() and int(pid_text) != os.getpid() and not _is_alive(int(pid_text)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def binding_from_json(d: dict[str, Any]) -> Binding:
