@@ -195,17 +195,36 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
 @typed_errors
 def slice_command(graph: str, record: Path = RECORD, as_json: bool = JSON,
                   from_ops: str = typer.Option("", "--from", help="Comma-separated op ids where the slice starts."),
-                  to_ops: str = typer.Option(..., "--to", help="Comma-separated op ids where the slice ends."),
-                  outputs: str = typer.Option("", help="Comma-separated SSA values to return (default: last op's).")
+                  to_ops: str = typer.Option("", "--to", help="Comma-separated op ids where the slice ends."),
+                  outputs: str = typer.Option("", help="Comma-separated SSA values to return (default: last op's)."),
+                  cut: str = typer.Option("", help="With --to: comma-separated SSA values to cut at (inputs)."),
+                  layer: int = typer.Option(None, help="Decoder layer N of a Llama-style graph (instead of --to).")
                   ) -> None:
-    """Cut the subgraph between two op sets (or everything upstream of --to) and record it."""
-    from node.workload.graph import compute_ops_between, compute_ops_upstream, compute_slice
+    """Cut the subgraph between two op sets (or everything upstream of --to, or a decoder layer) and record it.
+
+    Cut edges become inputs named ``cut:<parent SSA name>``; outputs that the parent does not return
+    are named ``out:<parent SSA name>``; constant sub-graphs are carried into the slice.
+    """
+    from node.workload.graph import (
+        compute_decoder_layer_slice,
+        compute_ops_between,
+        compute_ops_upstream,
+        compute_slice,
+    )
 
     with _writable(record) as rec:
         source = rec.get_graph(graph)
         ends = _split(to_ops)
-        ops = compute_ops_between(source, _split(from_ops), ends) if from_ops else compute_ops_upstream(source, ends)
-        piece = compute_slice(source, ops, _split(outputs) or None)
+        if layer is not None:
+            if ends or from_ops or cut:
+                fail("--layer replaces --from/--to/--cut", 2)
+            piece = compute_decoder_layer_slice(source, layer)
+        else:
+            if not ends:
+                fail("give --to (or --layer)", 2)
+            ops = compute_ops_between(source, _split(from_ops), ends) if from_ops else \
+                compute_ops_upstream(source, ends, _split(cut))
+            piece = compute_slice(source, ops, _split(outputs) or None)
         rec.put_graph(piece)
         emit({"graph_id": piece.graph_id, "ops": len(piece.ops), "inputs": [s.name for s in piece.inputs],
               "outputs": [s.name for s in piece.outputs]}, as_json)
@@ -215,13 +234,24 @@ def slice_command(graph: str, record: Path = RECORD, as_json: bool = JSON,
 @typed_errors
 def bind_command(graph: str, trace: str = typer.Option(..., help="Bind the tensors this trace recorded."),
                  record: Path = RECORD, as_json: bool = JSON, name: str = typer.Option("recorded"),
-                 mode: str = typer.Option("exact", help="blackbox|exact|full (for the report).")) -> None:
-    """Bind a graph's edges to the tensors a trace recorded under their names; report what is missing."""
+                 mode: str = typer.Option("exact", help="blackbox|exact|full (for the report)."),
+                 device: str = typer.Option("", help="Bind the tensors recorded as <device>/<edge> (a replica's)."),
+                 derive_cuts: bool = typer.Option(False, help="A slice's cut edges the trace did not record: replay "
+                                                  "the parent upstream of them (IREE) on the trace's inputs.")
+                 ) -> None:
+    """Bind a graph's edges to the tensors a trace recorded under their names; report what is missing.
+
+    A slice's ``cut:%N`` / ``out:%N`` edges bind to tensors recorded under the parent's ``%N``.
+    """
     from node.workload.bind import compute_binding_from_trace, compute_binding_report
 
     with _writable(record) as rec:
         g = rec.get_graph(graph)
-        binding = compute_binding_from_trace(g, rec.tensor_refs(), rec.get_trace(trace), name)
+        t = rec.get_trace(trace)
+        prefix = f"{device}/" if device else ""
+        binding = compute_binding_from_trace(g, rec.tensor_refs_of_trace(t.trace_id), t, name, prefix)
+        if derive_cuts:
+            binding = _derive_cuts(rec, g, t, binding, name, prefix)
         rec.put_binding(binding)
         report = compute_binding_report(g, binding, mode)
         emit({**dataclasses.asdict(report), "complete": report.is_complete, "replayable": report.is_replayable},
@@ -349,6 +379,29 @@ def demo_command(record: Path = RECORD, max_tokens: int = typer.Option(8), as_js
 
     report = run_demo(record, max_tokens=max_tokens, say=lambda s: None if as_json else console.print(s))
     emit(dataclasses.asdict(report), as_json)
+
+
+def _derive_cuts(rec: Any, g: Any, trace: Any, binding: Any, name: str, prefix: str) -> Any:
+    """Record the cut edges a binding lacks, replayed from the parent graph on the trace's inputs; re-bind."""
+    from node.workload.bind import compute_binding_from_trace
+    from node.workload.errors import UnknownObject
+    from node.workload.graph import CUT_PREFIX
+    from node.workload.replay import compute_cut_values
+
+    if g.parent_id is None or not any(s.name.startswith(CUT_PREFIX) for s in g.inputs):
+        raise UnknownObject("--derive-cuts needs a slice with cut edges", obj=g.graph_id)
+    bound = binding.as_dict()
+    if all(s.name in bound for s in g.inputs):
+        return binding
+    parent = rec.get_graph(g.parent_id)
+    refs = rec.tensor_refs_of_trace(trace.trace_id)
+    parent_refs = compute_binding_from_trace(parent, refs, trace, name, prefix).as_dict()
+    inputs = {s.name: rec.get_tensor(parent_refs[s.name]) for s in parent.inputs if s.name in parent_refs}
+    for edge, value in compute_cut_values(parent, g, inputs, rec).items():
+        if f"{CUT_PREFIX}{edge}" not in bound:
+            rec.put_tensor(value, role="activation", name=prefix + edge, event_id=f"derived/{g.graph_id[:16]}",
+                           trace_id=trace.trace_id)
+    return compute_binding_from_trace(g, rec.tensor_refs_of_trace(trace.trace_id), trace, name, prefix)
 
 
 def _writable(record: Path) -> Any:

@@ -22,6 +22,7 @@ import numpy as np
 
 from node.workload.bind import Binding, compute_binding_report
 from node.workload.errors import UnknownObject, WorkloadError
+from node.workload.graph import CUT_PREFIX, compute_ops_upstream, compute_slice, get_parent_edge
 from node.workload.model import Graph
 from node.workload.store import WorkloadRecord, get_numpy_dtype
 
@@ -216,3 +217,27 @@ def replay_binding_outputs(record: WorkloadRecord, graph: Graph,
     result, outs = run_and_compare(graph, inputs, claimed, record)
     log.info("replayed", extra={"graph_id": graph.graph_id, "cached": result.cached, "run_s": result.run_s})
     return result, outs
+
+
+def compute_cut_graph(parent: Graph, piece: Graph) -> tuple[Graph, list[str]]:
+    """Return the parent's upstream slice that computes a slice's cut edges, and those edges (parent SSA names)."""
+    cuts = [get_parent_edge(s.name) for s in piece.inputs if s.name.startswith(CUT_PREFIX)]
+    if not cuts:
+        raise UnknownObject("the slice has no cut edge", obj=piece.graph_id)
+    producer = {v: op.op_id for op in parent.ops for v in op.results}
+    missing = [v for v in cuts if v not in producer]
+    if missing:
+        raise UnknownObject(f"cut edges not computed by the parent: {missing[:5]}", obj=parent.graph_id)
+    ops = compute_ops_upstream(parent, [producer[v] for v in cuts])
+    return compute_slice(parent, ops, cuts, name=f"{parent.name}[cuts of {piece.graph_id[:12]}]"), cuts
+
+
+def compute_cut_values(parent: Graph, piece: Graph, inputs: dict[str, np.ndarray[Any, Any]],
+                       record: WorkloadRecord | None = None) -> dict[str, np.ndarray[Any, Any]]:
+    """Return a slice's cut-edge values (by parent SSA name) replayed with IREE from the parent's inputs."""
+    upstream, cuts = compute_cut_graph(parent, piece)
+    if record is not None and not record.readonly:
+        record.put_graph(upstream)  # (its compiled module is cached by graph id)
+    _, outs = run_and_compare(upstream, {s.name: inputs[s.name] for s in upstream.inputs if s.name in inputs}, {},
+                              record)
+    return dict(zip(cuts, outs, strict=True))
