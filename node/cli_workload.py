@@ -25,6 +25,8 @@ console = Console(soft_wrap=True)
 workload_app = typer.Typer(help="The workload record: graphs, traces, data and devices.", no_args_is_help=True)
 RECORD = typer.Option(Path("workload-record"), "--record", envvar="VERINFER_WORKLOAD", help="Record directory.")
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
+EXPECT_ROOT = typer.Option(None, "--expect-root", envvar="VERINFER_WORKLOAD_ROOT",
+                           help="Refuse the record unless its Merkle root is this (hex; the root the prover signed).")
 
 
 def emit(data: Any, as_json: bool, title: str = "") -> None:
@@ -76,12 +78,11 @@ def typed_errors(command: Callable[..., None]) -> Callable[..., None]:
 
 @workload_app.command("ls")
 @typed_errors
-def ls_command(record: Path = RECORD, as_json: bool = JSON) -> None:
+def ls_command(record: Path = RECORD, as_json: bool = JSON, expect_root: str = EXPECT_ROOT) -> None:
     """List graphs, traces, devices and tensor counts."""
     from node.workload.query import get_graph_summaries
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         data = {"graphs": get_graph_summaries(rec),
                 "traces": [{"trace_id": t.trace_id, "workload": t.workload, "graph_id": t.graph_id,
                             "events": len(t.events)} for t in rec.traces()],
@@ -98,12 +99,11 @@ def ls_command(record: Path = RECORD, as_json: bool = JSON) -> None:
 
 @workload_app.command("show")
 @typed_errors
-def show_command(object_id: str, record: Path = RECORD, as_json: bool = JSON) -> None:
+def show_command(object_id: str, record: Path = RECORD, as_json: bool = JSON, expect_root: str = EXPECT_ROOT) -> None:
     """Show a graph (id), a trace (id) or a tensor (sha256)."""
     from node.workload.model import to_json
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         data = _find(rec, object_id)
         if data is None:
             fail(f"nothing named {object_id} in the record", 2)
@@ -151,7 +151,8 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
                   role: str = typer.Option(None, help="Tensor role filter."),
                   missing: bool = typer.Option(False, help="What is missing to verify --graph (or --trace's graph)."),
                   check: bool = typer.Option(False, help="Re-hash --trace's tensors, check its event order."),
-                  mode: str = typer.Option("exact", help="Binding mode for --missing.")) -> None:
+                  mode: str = typer.Option("exact", help="Binding mode for --missing."),
+                  expect_root: str = EXPECT_ROOT) -> None:
     """Query graphs, traces, tensors, joins between them, and what is missing to verify a graph."""
     from node.workload.model import to_json
     from node.workload.query import (
@@ -162,9 +163,8 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
         get_traces,
         verify_trace,
     )
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         if check:
             if not trace:
                 fail("--check needs --trace", 2)
@@ -332,12 +332,11 @@ def check_inference_command(trace: str, model: str = typer.Option(..., help="The
 @workload_app.command("export-trace")
 @typed_errors
 def export_trace_command(trace: str, out: Path = typer.Option(..., help="Chrome trace JSON to write."),
-                         record: Path = RECORD) -> None:
+                         record: Path = RECORD, expect_root: str = EXPECT_ROOT) -> None:
     """Write a trace in the Chrome trace-event format (open it in Perfetto or chrome://tracing)."""
     from node.workload.chrome import compute_chrome_trace
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         data = compute_chrome_trace(rec.get_trace(trace), rec.devices())
     out.write_text(json.dumps(data))
     console.print(f"wrote {out} ({len(data['traceEvents'])} events)")
@@ -402,6 +401,24 @@ def _derive_cuts(rec: Any, g: Any, trace: Any, binding: Any, name: str, prefix: 
             rec.put_tensor(value, role="activation", name=prefix + edge, event_id=f"derived/{g.graph_id[:16]}",
                            trace_id=trace.trace_id)
     return compute_binding_from_trace(g, rec.tensor_refs_of_trace(trace.trace_id), trace, name, prefix)
+
+
+@workload_app.command("root")
+@typed_errors
+def root_command(record: Path = RECORD, as_json: bool = JSON, expect_root: str = EXPECT_ROOT) -> None:
+    """Print the record's Merkle root (verified against its committed root): what the prover signs and commits."""
+    with _readonly(record, expect_root) as rec:
+        emit({"root": rec.root_hash.hex(), "entries": rec.leaf_count}, as_json)
+
+
+def _readonly(record: Path, expect_root: str | None) -> Any:
+    from node.workload.store import WorkloadRecord
+
+    try:
+        expected = bytes.fromhex(expect_root) if expect_root else None
+    except ValueError:
+        fail("--expect-root must be hex", 2)
+    return WorkloadRecord.open(record, readonly=True, expected_root=expected)
 
 
 def _writable(record: Path) -> Any:

@@ -51,6 +51,13 @@ class CorruptedEntry(WorkloadError):
         super().__init__(message, Reason.CORRUPTED_ENTRY, obj=obj)
 
 
+class RootMismatch(WorkloadError):
+    """A record whose index does not hash to its committed (or the expected) root: refused as a whole."""
+
+    def __init__(self, message: str, *, obj: str) -> None:
+        super().__init__(message, Reason.CORRUPTED_ENTRY, obj=obj)
+
+
 class ConflictingObject(WorkloadError):
     """An attempt to overwrite an object under an existing id with different content."""
 
