@@ -104,7 +104,7 @@ def compute_binding_from_trace(graph: Graph, refs: list[TensorRef], trace: Trace
 
 def compute_binding_from_refs(graph: Graph, refs: list[TensorRef], trace: Trace | None = None,
                               name: str = "recorded", prefix: str = "") -> Binding:
-    """Return the binding of a graph's edges to tensors recorded as ``<prefix><edge>`` (see compute_binding_from_trace)."""
+    """Return the binding of a graph's edges to tensors recorded as ``<prefix><edge>`` (see from_trace)."""
     recorded = {r.name: r for r in refs if trace is None or r.trace_id == trace.trace_id}
     if is_slice(graph):  # its own internal SSA names are not the parent's: bind only its inputs and outputs
         edges = {s.name: prefix + get_parent_edge(s.name) for s in (*graph.inputs, *graph.outputs)}

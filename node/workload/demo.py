@@ -18,7 +18,7 @@ import torch
 
 from node.workload.demo_models import compute_mlp_step, make_mlp_batch
 from node.workload.errors import UnknownObject
-from node.workload.export import export_function, export_module, get_module_state
+from node.workload.export import export_function, get_module_state
 from node.workload.graph import compute_all_reduce_graph
 from node.workload.inference import CausalLmGraphExporter, replay_recorded_inference
 from node.workload.model import Device, Link, Trace, TraceEvent

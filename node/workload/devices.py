@@ -124,7 +124,9 @@ def expand_hostlist(expr: str, where: str = "", limit: int = MAX_EXPANDED) -> li
 
 def _split_top_level(expr: str, obj: str) -> list[str]:
     """Split a host list at the commas outside brackets; unbalanced brackets and empty items are errors."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1

@@ -103,7 +103,7 @@ CONF_ALPHABET = st.sampled_from(list("SwitchNameNodesLinkSpeedGresCountFileType=
 @given(st.text(CONF_ALPHABET, max_size=200), st.text(CONF_ALPHABET, max_size=200))
 def test_fuzzed_text_gives_devices_or_a_typed_error(topology: str, gres: str) -> None:
     try:
-        devices, links = compute_registry(topology, gres)
+        devices, _links = compute_registry(topology, gres)
     except WorkloadError:
         return
     assert len(devices) <= ImportLimits().max_nodes * (1 + ImportLimits().max_gpus_per_node)
