@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from node.checks.stage2_record import RecordedInference
 from node.engines.base import Engine, EngineInfo, Prefill
 from node.workload.errors import InvalidObject
 from node.workload.export import get_module_state
 from node.workload.inference import CausalLmGraphExporter
-from node.workload.stage2_replay import IreeRecordReplayer, RecordedInference
+from node.workload.stage2_replay import IreeRecordReplayer
 from node.workload.store import WorkloadRecord
 
 

@@ -302,8 +302,12 @@ class WorkloadRecord:
             if not fresh:
                 return
             encoded = {key: encode_entry(value) for key, value in fresh.items()}
-            saved = ([list(b) for b in self._buckets], list(self._bucket_roots), self._leaves)
-            dirty = {self._add_leaf(key, raw) for key, raw in encoded.items() if is_rooted(key)}
+            leaves = [compute_record_leaf(key, raw) for key, raw in encoded.items() if is_rooted(key)]
+            dirty = {leaf[0] % ROOT_BUCKETS for leaf in leaves}
+            saved = ({b: list(self._buckets[b]) for b in dirty}, list(self._bucket_roots), self._leaves)
+            for leaf in leaves:
+                bisect.insort(self._buckets[leaf[0] % ROOT_BUCKETS], leaf)
+            self._leaves += len(leaves)
             for bucket in dirty:
                 self._bucket_roots[bucket] = compute_merkle_root(self._buckets[bucket])
             try:
@@ -313,10 +317,12 @@ class WorkloadRecord:
                     for key, raw in encoded.items():
                         batch.put(key.encode(), raw)
             except BaseException:
-                self._buckets, self._bucket_roots, self._leaves = saved
+                for bucket, content in saved[0].items():
+                    self._buckets[bucket] = content
+                self._bucket_roots, self._leaves = saved[1], saved[2]
                 raise
-            if dirty:
-                self._commit_root()
+            if dirty:  # the pending root becomes the root (a rename: no second fsync per batch)
+                os.replace(self.root / PENDING_ROOT, self.root_path)
 
     # ---- devices ---------------------------------------------------------------------------------
 
