@@ -74,16 +74,19 @@ def parse_module(text: str) -> ParsedModule:
         ops: list[OpInfo] = []
         texts: list[str] = []
         returned: tuple[str, ...] = ()
+        state = ir.AsmState(module.operation)  # one numbering for the module (per-call naming re-walks it: O(n²))
         for i, op in enumerate(block.operations):
             operation = op.operation
             if operation.name == "func.return":
-                returned = tuple(v.get_name() for v in operation.operands)
+                returned = tuple(v.get_name(state) for v in operation.operands)
                 result_types = tuple(str(v.type) for v in operation.operands)
                 continue
-            ops.append(OpInfo(f"op{i}", operation.name, tuple(v.get_name() for v in operation.operands),
-                              tuple(r.get_name() for r in operation.results),
+            ops.append(OpInfo(f"op{i}", operation.name, tuple(v.get_name(state) for v in operation.operands),
+                              tuple(r.get_name(state) for r in operation.results),
                               tuple(str(r.type) for r in operation.results)))
-            texts.append(operation.get_asm(use_local_scope=False))
+            out = io.StringIO()
+            operation.print(state, out)
+            texts.append(out.getvalue())
         printed = str(module)
     return ParsedModule(arg_types, result_types, tuple(ops), tuple(texts), returned, printed)
 
