@@ -25,6 +25,8 @@ console = Console(soft_wrap=True)
 workload_app = typer.Typer(help="The workload record: graphs, traces, data and devices.", no_args_is_help=True)
 RECORD = typer.Option(Path("workload-record"), "--record", envvar="VERINFER_WORKLOAD", help="Record directory.")
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
+EXPECT_ROOT = typer.Option(None, "--expect-root", envvar="VERINFER_WORKLOAD_ROOT",
+                           help="Refuse the record unless its Merkle root is this (hex; the root the prover signed).")
 
 
 def emit(data: Any, as_json: bool, title: str = "") -> None:
@@ -76,12 +78,11 @@ def typed_errors(command: Callable[..., None]) -> Callable[..., None]:
 
 @workload_app.command("ls")
 @typed_errors
-def ls_command(record: Path = RECORD, as_json: bool = JSON) -> None:
+def ls_command(record: Path = RECORD, as_json: bool = JSON, expect_root: str = EXPECT_ROOT) -> None:
     """List graphs, traces, devices and tensor counts."""
     from node.workload.query import get_graph_summaries
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         data = {"graphs": get_graph_summaries(rec),
                 "traces": [{"trace_id": t.trace_id, "workload": t.workload, "graph_id": t.graph_id,
                             "events": len(t.events)} for t in rec.traces()],
@@ -98,12 +99,11 @@ def ls_command(record: Path = RECORD, as_json: bool = JSON) -> None:
 
 @workload_app.command("show")
 @typed_errors
-def show_command(object_id: str, record: Path = RECORD, as_json: bool = JSON) -> None:
+def show_command(object_id: str, record: Path = RECORD, as_json: bool = JSON, expect_root: str = EXPECT_ROOT) -> None:
     """Show a graph (id), a trace (id) or a tensor (sha256)."""
     from node.workload.model import to_json
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         data = _find(rec, object_id)
         if data is None:
             fail(f"nothing named {object_id} in the record", 2)
@@ -151,7 +151,8 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
                   role: str = typer.Option(None, help="Tensor role filter."),
                   missing: bool = typer.Option(False, help="What is missing to verify --graph (or --trace's graph)."),
                   check: bool = typer.Option(False, help="Re-hash --trace's tensors, check its event order."),
-                  mode: str = typer.Option("exact", help="Binding mode for --missing.")) -> None:
+                  mode: str = typer.Option("exact", help="Binding mode for --missing."),
+                  expect_root: str = EXPECT_ROOT) -> None:
     """Query graphs, traces, tensors, joins between them, and what is missing to verify a graph."""
     from node.workload.model import to_json
     from node.workload.query import (
@@ -162,9 +163,8 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
         get_traces,
         verify_trace,
     )
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         if check:
             if not trace:
                 fail("--check needs --trace", 2)
@@ -195,17 +195,36 @@ def query_command(record: Path = RECORD, as_json: bool = JSON,
 @typed_errors
 def slice_command(graph: str, record: Path = RECORD, as_json: bool = JSON,
                   from_ops: str = typer.Option("", "--from", help="Comma-separated op ids where the slice starts."),
-                  to_ops: str = typer.Option(..., "--to", help="Comma-separated op ids where the slice ends."),
-                  outputs: str = typer.Option("", help="Comma-separated SSA values to return (default: last op's).")
+                  to_ops: str = typer.Option("", "--to", help="Comma-separated op ids where the slice ends."),
+                  outputs: str = typer.Option("", help="Comma-separated SSA values to return (default: last op's)."),
+                  cut: str = typer.Option("", help="With --to: comma-separated SSA values to cut at (inputs)."),
+                  layer: int = typer.Option(None, help="Decoder layer N of a Llama-style graph (instead of --to).")
                   ) -> None:
-    """Cut the subgraph between two op sets (or everything upstream of --to) and record it."""
-    from node.workload.graph import compute_ops_between, compute_ops_upstream, compute_slice
+    """Cut the subgraph between two op sets (or everything upstream of --to, or a decoder layer) and record it.
+
+    Cut edges become inputs named ``cut:<parent SSA name>``; outputs that the parent does not return
+    are named ``out:<parent SSA name>``; constant sub-graphs are carried into the slice.
+    """
+    from node.workload.graph import (
+        compute_decoder_layer_slice,
+        compute_ops_between,
+        compute_ops_upstream,
+        compute_slice,
+    )
 
     with _writable(record) as rec:
         source = rec.get_graph(graph)
         ends = _split(to_ops)
-        ops = compute_ops_between(source, _split(from_ops), ends) if from_ops else compute_ops_upstream(source, ends)
-        piece = compute_slice(source, ops, _split(outputs) or None)
+        if layer is not None:
+            if ends or from_ops or cut:
+                fail("--layer replaces --from/--to/--cut", 2)
+            piece = compute_decoder_layer_slice(source, layer)
+        else:
+            if not ends:
+                fail("give --to (or --layer)", 2)
+            ops = compute_ops_between(source, _split(from_ops), ends) if from_ops else \
+                compute_ops_upstream(source, ends, _split(cut))
+            piece = compute_slice(source, ops, _split(outputs) or None)
         rec.put_graph(piece)
         emit({"graph_id": piece.graph_id, "ops": len(piece.ops), "inputs": [s.name for s in piece.inputs],
               "outputs": [s.name for s in piece.outputs]}, as_json)
@@ -215,13 +234,24 @@ def slice_command(graph: str, record: Path = RECORD, as_json: bool = JSON,
 @typed_errors
 def bind_command(graph: str, trace: str = typer.Option(..., help="Bind the tensors this trace recorded."),
                  record: Path = RECORD, as_json: bool = JSON, name: str = typer.Option("recorded"),
-                 mode: str = typer.Option("exact", help="blackbox|exact|full (for the report).")) -> None:
-    """Bind a graph's edges to the tensors a trace recorded under their names; report what is missing."""
+                 mode: str = typer.Option("exact", help="blackbox|exact|full (for the report)."),
+                 device: str = typer.Option("", help="Bind the tensors recorded as <device>/<edge> (a replica's)."),
+                 derive_cuts: bool = typer.Option(False, help="A slice's cut edges the trace did not record: replay "
+                                                  "the parent upstream of them (IREE) on the trace's inputs.")
+                 ) -> None:
+    """Bind a graph's edges to the tensors a trace recorded under their names; report what is missing.
+
+    A slice's ``cut:%N`` / ``out:%N`` edges bind to tensors recorded under the parent's ``%N``.
+    """
     from node.workload.bind import compute_binding_from_trace, compute_binding_report
 
     with _writable(record) as rec:
         g = rec.get_graph(graph)
-        binding = compute_binding_from_trace(g, rec.tensor_refs(), rec.get_trace(trace), name)
+        t = rec.get_trace(trace)
+        prefix = f"{device}/" if device else ""
+        binding = compute_binding_from_trace(g, rec.tensor_refs_of_trace(t.trace_id), t, name, prefix)
+        if derive_cuts:
+            binding = _derive_cuts(rec, g, t, binding, name, prefix)
         rec.put_binding(binding)
         report = compute_binding_report(g, binding, mode)
         emit({**dataclasses.asdict(report), "complete": report.is_complete, "replayable": report.is_replayable},
@@ -237,7 +267,7 @@ def replay_command(graph: str, binding: str = typer.Option("recorded", help="Bin
     A binding without any claimed output has nothing to compare: exit 2 (missing data).
     """
     from node.workload.errors import UnknownObject, WorkloadError
-    from node.workload.replay import ReplayResult, is_replay_match, replay_binding
+    from node.workload.replay import ReplayResult, decide_replay, replay_binding
 
     result: ReplayResult
 
@@ -247,11 +277,14 @@ def replay_command(graph: str, binding: str = typer.Option("recorded", help="Bin
             result = replay_binding(rec, g, rec.get_binding(graph, binding))
     except (UnknownObject, WorkloadError, VerinferError) as exc:
         fail(f"cannot replay: {exc}", 2)
-    match = is_replay_match(result)
-    emit({**dataclasses.asdict(result), "match": match}, as_json)
+    decision = decide_replay(result)
+    emit({**dataclasses.asdict(result), "match": decision.match, "reason": decision.reason.name,
+          "failing_output": decision.output}, as_json)
     if not result.outputs:
         fail(f"no claimed output bound to compare with (unclaimed: {list(result.unclaimed)})", 2)
-    raise typer.Exit(0 if match else 1)
+    if not decision.match and not as_json:
+        console.print(f"mismatch: {decision.output}: {decision.reason.value}")
+    raise typer.Exit(0 if decision.match else 1)
 
 
 @workload_app.command("check-inference")
@@ -299,12 +332,11 @@ def check_inference_command(trace: str, model: str = typer.Option(..., help="The
 @workload_app.command("export-trace")
 @typed_errors
 def export_trace_command(trace: str, out: Path = typer.Option(..., help="Chrome trace JSON to write."),
-                         record: Path = RECORD) -> None:
+                         record: Path = RECORD, expect_root: str = EXPECT_ROOT) -> None:
     """Write a trace in the Chrome trace-event format (open it in Perfetto or chrome://tracing)."""
     from node.workload.chrome import compute_chrome_trace
-    from node.workload.store import WorkloadRecord
 
-    with WorkloadRecord.open(record, readonly=True) as rec:
+    with _readonly(record, expect_root) as rec:
         data = compute_chrome_trace(rec.get_trace(trace), rec.devices())
     out.write_text(json.dumps(data))
     console.print(f"wrote {out} ({len(data['traceEvents'])} events)")
@@ -315,15 +347,27 @@ def export_trace_command(trace: str, out: Path = typer.Option(..., help="Chrome 
 def import_devices_command(topology: Path = typer.Option(..., help="SLURM topology.conf"),
                            gres: Path = typer.Option(..., help="SLURM gres.conf"), record: Path = RECORD) -> None:
     """Register the devices and links of a SLURM-style topology.conf / gres.conf pair."""
-    from node.workload.devices import compute_registry
+    from node.workload.devices import ImportLimits, import_registry
+    from node.workload.errors import InvalidImport
 
-    devices, links = compute_registry(topology.read_text(), gres.read_text())
+    limits = ImportLimits()
+    data = {}
+    for path in (topology, gres):
+        try:
+            with path.open("rb") as f:
+                data[path] = f.read(limits.max_bytes + 1)  # bounded: a huge file is refused, not read whole
+        except OSError as exc:
+            raise InvalidImport(f"cannot read ({exc.strerror})", obj=str(path)) from exc
+    result = import_registry(data[topology], data[gres], topology_name=str(topology), gres_name=str(gres),
+                             limits=limits)
+    for line in result.ignored:
+        console.print(f"ignored {line}")
     with _writable(record) as rec:
-        for d in devices:
+        for d in result.devices:
             rec.put_device(d)
-        for link in links:
+        for link in result.links:
             rec.put_link(link)
-    console.print(f"registered {len(devices)} devices and {len(links)} links")
+    console.print(f"registered {len(result.devices)} devices and {len(result.links)} links")
 
 
 @workload_app.command("demo")
@@ -334,6 +378,47 @@ def demo_command(record: Path = RECORD, max_tokens: int = typer.Option(8), as_js
 
     report = run_demo(record, max_tokens=max_tokens, say=lambda s: None if as_json else console.print(s))
     emit(dataclasses.asdict(report), as_json)
+
+
+def _derive_cuts(rec: Any, g: Any, trace: Any, binding: Any, name: str, prefix: str) -> Any:
+    """Record the cut edges a binding lacks, replayed from the parent graph on the trace's inputs; re-bind."""
+    from node.workload.bind import compute_binding_from_trace
+    from node.workload.errors import UnknownObject
+    from node.workload.graph import CUT_PREFIX
+    from node.workload.replay import compute_cut_values
+
+    if g.parent_id is None or not any(s.name.startswith(CUT_PREFIX) for s in g.inputs):
+        raise UnknownObject("--derive-cuts needs a slice with cut edges", obj=g.graph_id)
+    bound = binding.as_dict()
+    if all(s.name in bound for s in g.inputs):
+        return binding
+    parent = rec.get_graph(g.parent_id)
+    refs = rec.tensor_refs_of_trace(trace.trace_id)
+    parent_refs = compute_binding_from_trace(parent, refs, trace, name, prefix).as_dict()
+    inputs = {s.name: rec.get_tensor(parent_refs[s.name]) for s in parent.inputs if s.name in parent_refs}
+    for edge, value in compute_cut_values(parent, g, inputs, rec).items():
+        if f"{CUT_PREFIX}{edge}" not in bound:
+            rec.put_tensor(value, role="activation", name=prefix + edge, event_id=f"derived/{g.graph_id[:16]}",
+                           trace_id=trace.trace_id)
+    return compute_binding_from_trace(g, rec.tensor_refs_of_trace(trace.trace_id), trace, name, prefix)
+
+
+@workload_app.command("root")
+@typed_errors
+def root_command(record: Path = RECORD, as_json: bool = JSON, expect_root: str = EXPECT_ROOT) -> None:
+    """Print the record's Merkle root (verified against its committed root): what the prover signs and commits."""
+    with _readonly(record, expect_root) as rec:
+        emit({"root": rec.root_hash.hex(), "entries": rec.leaf_count}, as_json)
+
+
+def _readonly(record: Path, expect_root: str | None) -> Any:
+    from node.workload.store import WorkloadRecord
+
+    try:
+        expected = bytes.fromhex(expect_root) if expect_root else None
+    except ValueError:
+        fail("--expect-root must be hex", 2)
+    return WorkloadRecord.open(record, readonly=True, expected_root=expected)
 
 
 def _writable(record: Path) -> Any:

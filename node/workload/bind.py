@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.workload.errors import BindingError, InvalidObject
-from node.workload.graph import compute_dependencies, compute_value_specs
+from node.workload.graph import compute_dependencies, compute_value_specs, get_parent_edge
 from node.workload.model import Graph, TensorRef, Trace
 
 MODES = ("blackbox", "exact", "full")
@@ -92,11 +92,31 @@ def compute_binding_report(graph: Graph, binding: Binding, mode: str) -> Binding
 
 
 def compute_binding_from_trace(graph: Graph, refs: list[TensorRef], trace: Trace | None = None,
-                               name: str = "recorded") -> Binding:
-    """Return the binding of a graph to the tensors recorded under its edge names (optionally one trace's)."""
-    specs = compute_value_specs(graph)
-    values = {r.name: r for r in refs if r.name in specs and (trace is None or r.trace_id == trace.trace_id)}
+                               name: str = "recorded", prefix: str = "") -> Binding:
+    """Return the binding of a graph to the tensors recorded under its edge names (optionally one trace's).
+
+    A slice's cut inputs and internal outputs (``cut:%71``, ``out:%40``) bind to the tensors recorded
+    under the parent's edge name (``%71``, ``%40``: activations of a full-mode record). ``prefix``
+    selects tensors recorded per device, e.g. ``replica0/`` for ``replica0/w1``.
+    """
+    return compute_binding_from_refs(graph, refs, trace, name, prefix)
+
+
+def compute_binding_from_refs(graph: Graph, refs: list[TensorRef], trace: Trace | None = None,
+                              name: str = "recorded", prefix: str = "") -> Binding:
+    """Return the binding of a graph's edges to tensors recorded as ``<prefix><edge>`` (see from_trace)."""
+    recorded = {r.name: r for r in refs if trace is None or r.trace_id == trace.trace_id}
+    if is_slice(graph):  # its own internal SSA names are not the parent's: bind only its inputs and outputs
+        edges = {s.name: prefix + get_parent_edge(s.name) for s in (*graph.inputs, *graph.outputs)}
+    else:
+        edges = {edge: prefix + edge for edge in compute_value_specs(graph)}
+    values = {edge: recorded[source] for edge, source in edges.items() if source in recorded}
     return compute_binding(graph, values, name)
+
+
+def is_slice(graph: Graph) -> bool:
+    """Check whether a graph was cut from another (compute_slice marks it)."""
+    return any(key == "slice_of" for key, _ in graph.attrs)
 
 
 def compute_order_violations(graph: Graph, trace: Trace) -> list[tuple[str, str]]:

@@ -18,12 +18,12 @@ import torch
 
 from node.workload.demo_models import compute_mlp_step, make_mlp_batch
 from node.workload.errors import UnknownObject
-from node.workload.export import export_function, export_module, get_module_state
+from node.workload.export import export_function, get_module_state
 from node.workload.graph import compute_all_reduce_graph
 from node.workload.inference import CausalLmGraphExporter, replay_recorded_inference
 from node.workload.model import Device, Link, Trace, TraceEvent
 from node.workload.recorder import InferenceRecorder
-from node.workload.replay import is_replay_match, replay_arrays, run_and_compare
+from node.workload.replay import decide_replay, is_replay_match, run_and_compare
 from node.workload.store import WorkloadRecord
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class DemoReport:
     training_graph: str
     training_replicas_match: int
     all_reduce_max_error: float
+    training_logical_graph: str = ""  # bind it with --trace training_trace --device replica0 (docs/workload.md)
+    training_trace: str = ""
 
 
 def record_inference(record: WorkloadRecord, model_name: str, max_tokens: int,
@@ -106,34 +108,60 @@ class _TimedRecorder:
         return self.trace_id
 
 
-def replay_last_layer(record: WorkloadRecord, model: Any, input_ids: np.ndarray[Any, Any],
+def replay_last_layer(record: WorkloadRecord, model: Any, graph_id: str, input_ids: np.ndarray[Any, Any],
                       say: Say) -> tuple[str, float, float, float]:
-    """Export the last decoder layer at this length, bind the eager input hidden state, replay it with IREE."""
+    """Cut the last decoder layer out of the recorded verification graph, bind it, replay it with IREE.
+
+    The slice's cut input is the hidden state entering the layer (torch eager's, at the recorded fed
+    ids padded to the graph's bucket), its other inputs the verifier's own weights; its claimed output
+    is eager's hidden state leaving the layer. All of it is recorded as tensors and a binding ``demo-layer``.
+    """
+    from node.workload.bind import compute_binding
+    from node.workload.graph import compute_decoder_layer_slice, get_parent_edge
+    from node.workload.replay import replay_binding
+
     decoder = model.get_decoder()
-    layer = decoder.layers[-1]
-    ids = torch.from_numpy(input_ids.astype(np.int64))[None]
-    with torch.no_grad():
-        hidden_in = decoder(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states[-2]
-        cos, sin = decoder.rotary_emb(hidden_in, torch.arange(ids.shape[1])[None])
-
-    def call(run: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
-        out: torch.Tensor = run(x["hidden"], position_embeddings=(x["cos"], x["sin"]), attention_mask=None)
-        return out
-
-    inputs = {"hidden": hidden_in, "cos": cos, "sin": sin}
-    exported = export_module(layer, inputs, call, name=f"smollm2/layer{len(decoder.layers) - 1}", output_names=["out"],
-                             input_roles={"hidden": "activation"})
-    record.put_graph(exported.graph)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        expected = call(lambda *a, **k: layer(*a, **k), inputs)
-    eager = time.perf_counter() - t0
-    arrays = {k: v.numpy() for k, v in exported.values.items()}
-    replay_arrays(exported.graph, arrays, {}, record)  # compile + cache
-    result = replay_arrays(exported.graph, arrays, {"out": expected.numpy()}, record)
-    say(f"last layer slice: IREE {result.run_s * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms, "
-        f"max |Δ| {result.outputs[0].max_abs_error:.2e}")
-    return exported.graph.graph_id, result.outputs[0].max_abs_error, result.run_s, eager
+    last = len(decoder.layers) - 1
+    graph = record.get_graph(graph_id)
+    piece = compute_decoder_layer_slice(graph, last)
+    record.put_graph(piece)
+    bucket = next(s.shape[1] for s in graph.inputs if s.name == "input_ids")
+    ids = torch.zeros((1, bucket), dtype=torch.long)
+    ids[0, :len(input_ids)] = torch.from_numpy(input_ids.astype(np.int64))
+    captured: dict[str, torch.Tensor] = {}
+    hook = decoder.layers[last].register_forward_hook(
+        lambda _m, args, kwargs, out: captured.update(h_in=args[0] if args else kwargs["hidden_states"],
+                                                      h_out=out[0] if isinstance(out, tuple) else out),
+        with_kwargs=True)
+    try:
+        with torch.no_grad():
+            decoder(input_ids=ids, use_cache=False)
+            t0 = time.perf_counter()
+            cos, sin = decoder.rotary_emb(captured["h_in"], torch.arange(bucket)[None])
+            decoder.layers[last](captured["h_in"], position_embeddings=(cos, sin), attention_mask=None)
+            eager = time.perf_counter() - t0
+    finally:
+        hook.remove()
+    state = get_module_state(model)
+    trace_id = f"demo/layer{last}/{piece.graph_id[:16]}"
+    refs = {}
+    for spec in (*piece.inputs, *piece.outputs):
+        edge = get_parent_edge(spec.name)
+        if spec.name.startswith("cut:"):
+            value = captured["h_in"]
+        elif spec.role == "output":
+            value = captured["h_out"]
+        else:
+            value = state[spec.name]
+        refs[spec.name] = record.put_tensor(value, role=spec.role, name=edge, event_id="layer", trace_id=trace_id)
+    binding = compute_binding(piece, refs, "demo-layer")
+    record.put_binding(binding)
+    replay_binding(record, piece, binding)  # compile + cache
+    result = replay_binding(record, piece, binding)
+    say(f"last layer cut from the recorded verification graph ({len(piece.ops)} of {len(graph.ops)} ops): "
+        f"IREE {result.run_s * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms, max |Δ| {result.outputs[0].max_abs_error:.2e}"
+        f" ({decide_replay(result).reason.name})")
+    return piece.graph_id, result.outputs[0].max_abs_error, result.run_s, eager
 
 
 def _gloo_worker(rank: int, world: int, port: int, outdir: str) -> None:
@@ -236,11 +264,13 @@ def run_demo(path: Path, model_name: str = "smollm2-135m-instruct", max_tokens: 
             f"max |Δ logprob| {replay.max_logprob_error:.2e}")
         fed = np.concatenate([np.asarray(trace_input(record, trace_id, "input_ids.prompt")),
                               np.asarray(trace_input(record, trace_id, "output_ids"))[:-1]])
-        layer_id, layer_err, layer_iree, layer_eager = replay_last_layer(record, model, fed, say)
+        layer_id, layer_err, layer_iree, layer_eager = replay_last_layer(record, model, graph_id, fed, say)
         train_id, train_matches, ar_err = record_training_step(record, say)
+        train_logical = record.get_graph_entry(train_id)["parent_id"]
+        train_trace = record.trace_ids_of_graph(train_id)[0]
     return DemoReport(trace_id, graph_id, gen_s, rec_s, export_s, replay.max_logprob_error,
                       replay.top_k_equal, replay.positions, replay.replay.compile_s, replay.replay.run_s, layer_id,
-                      layer_err, layer_iree, layer_eager, train_id, train_matches, ar_err)
+                      layer_err, layer_iree, layer_eager, train_id, train_matches, ar_err, train_logical, train_trace)
 
 
 def trace_input(record: WorkloadRecord, trace_id: str, name: str) -> np.ndarray[Any, Any]:

@@ -22,6 +22,10 @@ class InvalidObject(WorkloadError):
     """A device, link, trace, tensor or graph that breaks the data model's rules."""
 
 
+class InvalidImport(InvalidObject):
+    """A device-registry file (SLURM topology.conf / gres.conf) that does not parse; obj is ``file:line``."""
+
+
 class UnknownObject(WorkloadError):
     """A reference to an object the record does not hold (device, op, tensor, graph, trace)."""
 
@@ -42,6 +46,13 @@ class TruncatedBlob(WorkloadError):
 
 class CorruptedEntry(WorkloadError):
     """An index entry whose checksum or structure does not verify."""
+
+    def __init__(self, message: str, *, obj: str) -> None:
+        super().__init__(message, Reason.CORRUPTED_ENTRY, obj=obj)
+
+
+class RootMismatch(WorkloadError):
+    """A record whose index does not hash to its committed (or the expected) root: refused as a whole."""
 
     def __init__(self, message: str, *, obj: str) -> None:
         super().__init__(message, Reason.CORRUPTED_ENTRY, obj=obj)

@@ -74,16 +74,19 @@ def parse_module(text: str) -> ParsedModule:
         ops: list[OpInfo] = []
         texts: list[str] = []
         returned: tuple[str, ...] = ()
+        state = ir.AsmState(module.operation)  # one numbering for the module (per-call naming re-walks it: O(n²))
         for i, op in enumerate(block.operations):
             operation = op.operation
             if operation.name == "func.return":
-                returned = tuple(v.get_name() for v in operation.operands)
+                returned = tuple(v.get_name(state) for v in operation.operands)
                 result_types = tuple(str(v.type) for v in operation.operands)
                 continue
-            ops.append(OpInfo(f"op{i}", operation.name, tuple(v.get_name() for v in operation.operands),
-                              tuple(r.get_name() for r in operation.results),
+            ops.append(OpInfo(f"op{i}", operation.name, tuple(v.get_name(state) for v in operation.operands),
+                              tuple(r.get_name(state) for r in operation.results),
                               tuple(str(r.type) for r in operation.results)))
-            texts.append(operation.get_asm(use_local_scope=False))
+            out = io.StringIO()
+            operation.print(state, out)
+            texts.append(out.getvalue())
         printed = str(module)
     return ParsedModule(arg_types, result_types, tuple(ops), tuple(texts), returned, printed)
 
@@ -157,9 +160,18 @@ def compute_ops_between(graph: Graph, from_ops: Iterable[str], to_ops: Iterable[
     return [op.op_id for op in graph.ops if op.op_id in keep]
 
 
-def compute_ops_upstream(graph: Graph, to_ops: Iterable[str]) -> list[str]:
-    """Return, in program order, every op that to_ops depend on (inclusive): a slice fed by graph inputs only."""
-    deps = compute_dependencies(graph)
+def compute_ops_upstream(graph: Graph, to_ops: Iterable[str], stop_values: Iterable[str] = ()) -> list[str]:
+    """Return, in program order, every op that to_ops depend on (inclusive), not looking past stop_values.
+
+    Without stop values the slice is fed by graph inputs only; a stop value (an SSA name) is a cut:
+    the ops that produce it are left out and it becomes an input of the slice.
+    """
+    stops = set(stop_values)
+    producer = {value: op.op_id for op in graph.ops for value in op.results}
+    unknown = sorted(stops - set(producer))
+    if unknown:
+        raise UnknownObject(f"no value {unknown[0]!r} computed in the graph", obj=graph.graph_id)
+    deps = {op.op_id: {producer[v] for v in op.operands if v in producer and v not in stops} for op in graph.ops}
     end = list(to_ops)
     for op_id in end:
         if op_id not in deps:
@@ -168,13 +180,37 @@ def compute_ops_upstream(graph: Graph, to_ops: Iterable[str]) -> list[str]:
     return [op.op_id for op in graph.ops if op.op_id in keep]
 
 
+CUT_PREFIX = "cut:"  # a slice input cut from an internal edge of its parent: "cut:%71" is the parent's %71
+OUT_PREFIX = "out:"  # a slice output that is an internal edge of its parent: "out:%40" is the parent's %40
+
+
+def get_parent_edge(spec_name: str) -> str:
+    """Return the parent graph's edge a slice edge stands for (its name without cut:/out:)."""
+    for prefix in (CUT_PREFIX, OUT_PREFIX):
+        if spec_name.startswith(prefix):
+            return spec_name[len(prefix):]
+    return spec_name
+
+
+def compute_constant_values(parsed: ParsedModule) -> set[str]:
+    """Return the SSA values computed from constants alone (no graph input upstream): foldable sub-graphs."""
+    constant: set[str] = set()
+    for op in parsed.ops:
+        if all(v in constant for v in op.operands) and op.name != "func.call":
+            constant.update(op.results)
+    return constant
+
+
 def compute_slice(graph: Graph, op_ids: Iterable[str], outputs: Iterable[str] | None = None,
                   name: str | None = None) -> Graph:
     """Return the subgraph of the given ops as a standalone logical graph linked to its source.
 
-    Values flowing in from outside become arguments (graph inputs keep their names and roles; cut
-    internal edges are named by SSA name, role "activation"); constants are copied in. ``outputs``
-    are SSA names to return (default: the results of the last kept op).
+    Values flowing in from outside become arguments: graph inputs keep their names and roles; a cut
+    internal edge gets the fresh name ``cut:<parent SSA name>`` (role "activation"), so no input shares
+    a name with the slice's own (renumbered) SSA values. Every sub-graph computed from constants alone
+    (a constant exponent broadcast to a shape, a causal mask) is carried into the slice, never made an
+    input. ``outputs`` are parent SSA names to return (default: the results of the last kept op); one
+    the parent returns keeps the parent's output name, any other is named ``out:<parent SSA name>``.
     """
     parsed = parse_module(graph.mlir)
     index = {op.op_id: i for i, op in enumerate(parsed.ops)}
@@ -182,10 +218,17 @@ def compute_slice(graph: Graph, op_ids: Iterable[str], outputs: Iterable[str] | 
     unknown = wanted - set(index)
     if unknown:
         raise UnknownObject(f"ops not in the graph: {sorted(unknown)[:5]}", obj=graph.graph_id)
+    if not wanted:
+        raise InvalidObject("a slice needs at least one op", obj=graph.graph_id)
     producer = {value: op.op_id for op in parsed.ops for value in op.results}
-    kept = {op_id for op_id in wanted}
-    kept |= {producer[v] for op_id in wanted for v in parsed.ops[index[op_id]].operands
-             if v in producer and parsed.ops[index[producer[v]]].name in CONSTANT_OPS}
+    constant = compute_constant_values(parsed)
+    kept = set(wanted)
+    stack = [v for op_id in wanted for v in parsed.ops[index[op_id]].operands]
+    while stack:  # carry in every constant sub-graph the kept ops read
+        v = stack.pop()
+        if v in constant and producer[v] not in kept:
+            kept.add(producer[v])
+            stack.extend(parsed.ops[index[producer[v]]].operands)
     ordered = sorted(kept, key=index.__getitem__)
     defined = {v for op_id in ordered for v in parsed.ops[index[op_id]].results}
     arg_name = {f"%arg{i}": spec for i, spec in enumerate(graph.inputs)}
@@ -205,11 +248,80 @@ def compute_slice(graph: Graph, op_ids: Iterable[str], outputs: Iterable[str] | 
     ret_types = ", ".join(types[v] for v in returned)
     text = (f"module {{\n  func.func @main({args}) -> ({ret_types}) {{\n{body}\n"
             f"    return {', '.join(returned)} : {ret_types}\n  }}\n}}\n")
-    names = [arg_name[v].name if v in arg_name else v for v in cut]
+    names = [arg_name[v].name if v in arg_name else CUT_PREFIX + v for v in cut]
     roles = [arg_name[v].role if v in arg_name else "activation" for v in cut]
+    parent_output = {v: s.name for v, s in zip(parsed.returned, graph.outputs, strict=True)}
+    output_names = [parent_output.get(v, arg_name[v].name if v in arg_name else OUT_PREFIX + v) for v in returned]
+    if len(set(output_names)) != len(output_names):
+        raise InvalidObject("a slice returns the same value twice", obj=graph.graph_id)
     return build_graph(text, kind="logical", name=name or f"{graph.name}[slice]", input_names=names,
-                       input_roles=roles, output_names=returned, parent_id=graph.graph_id,
+                       input_roles=roles, output_names=output_names, parent_id=graph.graph_id,
                        attrs=(("slice_of", graph.graph_id), ("ops", ",".join(ordered))))
+
+
+def compute_decoder_layer_cut(graph: Graph, layer: int, prefix: str = "model.layers") -> tuple[str, str]:
+    """Return (hidden state entering, hidden state leaving) decoder layer ``layer`` of a Llama-style graph.
+
+    Found from the layer's weights (graph inputs named ``<prefix>.<layer>.…``): each of the layer's two
+    residual adds has one operand computed from its attention (``self_attn.o_proj``) or MLP
+    (``mlp.down_proj``) weight and one (the residual stream) that is not.
+    """
+    specs = {s.name: f"%arg{i}" for i, s in enumerate(graph.inputs)}
+    users: dict[str, list[OpInfo]] = {}
+    for op in graph.ops:
+        for v in op.operands:
+            users.setdefault(v, []).append(op)
+
+    def downstream(start: Iterable[str]) -> set[str]:
+        seen, stack = set(start), list(start)
+        while stack:
+            for op in users.get(stack.pop(), ()):
+                for r in op.results:
+                    if r not in seen:
+                        seen.add(r)
+                        stack.append(r)
+        return seen
+
+    layer_args = [a for n, a in specs.items() if n.startswith(f"{prefix}.{layer}.")]
+    if not layer_args:
+        raise UnknownObject(f"no weights named {prefix}.{layer}.* in the graph", obj=graph.graph_id)
+    of_layer = downstream(layer_args)
+
+    def residual_add(weight: str) -> tuple[str, str]:
+        arg = specs.get(f"{prefix}.{layer}.{weight}")
+        if arg is None:
+            raise UnknownObject(f"no weight {prefix}.{layer}.{weight}", obj=graph.graph_id)
+        branch = downstream([arg])
+        for op in graph.ops:
+            if op.name == "stablehlo.add" and len(op.operands) == 2:
+                a, b = op.operands
+                if a in branch and b not in of_layer:
+                    return b, op.results[0]
+                if b in branch and a not in of_layer:
+                    return a, op.results[0]
+        raise UnknownObject(f"no residual add after {prefix}.{layer}.{weight}", obj=graph.graph_id)
+
+    hidden_in, mid = residual_add("self_attn.o_proj.weight")
+    of_layer.discard(mid)
+    branch_mlp = downstream([specs.get(f"{prefix}.{layer}.mlp.down_proj.weight", "")])
+    for op in graph.ops:
+        if op.name == "stablehlo.add" and len(op.operands) == 2 and mid in op.operands:
+            other = op.operands[1] if op.operands[0] == mid else op.operands[0]
+            if other in branch_mlp:
+                return hidden_in, op.results[0]
+    raise UnknownObject(f"no residual add after {prefix}.{layer}.mlp.down_proj.weight", obj=graph.graph_id)
+
+
+def compute_decoder_layer_slice(graph: Graph, layer: int, prefix: str = "model.layers") -> Graph:
+    """Return decoder layer ``layer`` of a Llama-style graph as a slice: the hidden state entering it is cut.
+
+    Inputs: ``cut:<hidden in>``, the layer's weights and whatever else the layer reads that is not
+    downstream of the cut (the rotary frequencies); constants are carried. Output: ``out:<hidden out>``.
+    """
+    hidden_in, hidden_out = compute_decoder_layer_cut(graph, layer, prefix)
+    producer = {value: op.op_id for op in graph.ops for value in op.results}
+    ops = compute_ops_upstream(graph, [producer[hidden_out]], [hidden_in])
+    return compute_slice(graph, ops, [hidden_out], name=f"{graph.name}[layer{layer}]")
 
 
 def compute_all_reduce_graph(logical: Graph, output_names: list[str], replica_groups: tuple[tuple[int, ...], ...],

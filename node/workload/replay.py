@@ -13,6 +13,7 @@ import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import iree.compiler as ireec
@@ -21,6 +22,7 @@ import numpy as np
 
 from node.workload.bind import Binding, compute_binding_report
 from node.workload.errors import UnknownObject, WorkloadError
+from node.workload.graph import CUT_PREFIX, compute_ops_upstream, compute_slice, get_parent_edge
 from node.workload.model import Graph
 from node.workload.store import WorkloadRecord, get_numpy_dtype
 
@@ -81,7 +83,7 @@ class CompiledGraph:
 
 @dataclass(frozen=True)
 class OutputComparison:
-    """How far one replayed output is from the claimed one."""
+    """How far one replayed output is from the claimed one (errors over the places both are finite)."""
 
     name: str
     dtype: str
@@ -89,6 +91,8 @@ class OutputComparison:
     max_abs_error: float
     max_rel_error: float
     shape_matches: bool
+    nonfinite_mismatches: int = 0  # places where either side is NaN/±inf and the other is not the same value
+    exact_mismatches: int = 0  # integer/bool outputs: places that differ (compared exactly, not in float64)
 
 
 @dataclass(frozen=True)
@@ -103,26 +107,73 @@ class ReplayResult:
     unclaimed: tuple[str, ...]  # outputs with no claimed tensor bound (nothing to compare)
 
 
+class ReplayMismatch(Enum):
+    """Why a replay does not match its claim (OK when it does)."""
+
+    OK = "ok"
+    NO_OUTPUTS = "no claimed output to compare"
+    SHAPE = "shape differs"
+    NON_FINITE = "NaN or inf where the other side has another value"
+    NOT_EXACT = "integer values differ"
+    OUT_OF_TOLERANCE = "outside the dtype's tolerance"
+
+
+@dataclass(frozen=True)
+class ReplayDecision:
+    """The decision on one replay: the first failing output and why."""
+
+    reason: ReplayMismatch
+    output: str = ""
+
+    @property
+    def match(self) -> bool:
+        """True when every compared output is within tolerance."""
+        return self.reason is ReplayMismatch.OK
+
+
 def compare_output(name: str, dtype: str, claimed: np.ndarray[Any, Any],
                    replayed: np.ndarray[Any, Any]) -> OutputComparison:
-    """Return the absolute and relative error of a replayed output against the claim."""
+    """Return the errors of a replayed output against the claim; NaN/inf only match the same value in place."""
     if claimed.shape != replayed.shape:
         return OutputComparison(name, dtype, int(claimed.size), float("inf"), float("inf"), False)
+    exact = 0
+    if claimed.dtype.kind in "iub" and replayed.dtype.kind in "iub":
+        exact = int(np.count_nonzero(claimed != replayed))
     a, b = claimed.astype(np.float64), replayed.astype(np.float64)
-    diff = np.abs(a - b)
-    rel = diff / np.maximum(np.abs(a), 1e-30)
-    return OutputComparison(name, dtype, int(claimed.size), float(diff.max(initial=0.0)),
-                            float(np.where(diff == 0, 0.0, rel).max(initial=0.0)), True)
+    finite = np.isfinite(a) & np.isfinite(b)
+    same_nonfinite = ~finite & ((np.isnan(a) & np.isnan(b)) | (a == b))  # NaN↔NaN, +inf↔+inf, -inf↔-inf
+    nonfinite = int(np.count_nonzero(~finite & ~same_nonfinite))
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = np.where(finite, np.abs(a - b), 0.0)  # two huge finite values may differ by inf: a mismatch
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(a), 1e-30))
+    max_abs = float(diff.max(initial=0.0))
+    if exact and max_abs == 0.0:
+        max_abs = float("inf")  # integers beyond float64's 2^53 that differ: never within a tolerance
+    return OutputComparison(name, dtype, int(claimed.size), max_abs, float(rel.max(initial=0.0)), True,
+                            nonfinite, exact)
+
+
+def decide_replay(result: ReplayResult, tolerances: dict[str, tuple[float, float]] | None = None) -> ReplayDecision:
+    """Decide a replay: every output the right shape, its non-finite places equal, within (abs or rel) tolerance."""
+    tol = tolerances or DEFAULT_TOLERANCES
+    if not result.outputs:
+        return ReplayDecision(ReplayMismatch.NO_OUTPUTS)
+    for out in result.outputs:
+        atol, rtol = tol.get(out.dtype, (0.0, 0.0))
+        if not out.shape_matches:
+            return ReplayDecision(ReplayMismatch.SHAPE, out.name)
+        if out.nonfinite_mismatches:
+            return ReplayDecision(ReplayMismatch.NON_FINITE, out.name)
+        if out.exact_mismatches:
+            return ReplayDecision(ReplayMismatch.NOT_EXACT, out.name)
+        if not (out.max_abs_error <= atol or out.max_rel_error <= rtol):  # NaN-safe: a NaN error never passes
+            return ReplayDecision(ReplayMismatch.OUT_OF_TOLERANCE, out.name)
+    return ReplayDecision(ReplayMismatch.OK)
 
 
 def is_replay_match(result: ReplayResult, tolerances: dict[str, tuple[float, float]] | None = None) -> bool:
-    """Decide whether every compared output is within its dtype's tolerance (abs or rel)."""
-    tol = tolerances or DEFAULT_TOLERANCES
-    for out in result.outputs:
-        atol, rtol = tol.get(out.dtype, (0.0, 0.0))
-        if not out.shape_matches or (out.max_abs_error > atol and out.max_rel_error > rtol):
-            return False
-    return bool(result.outputs)
+    """Decide whether every compared output is within its dtype's tolerance (see decide_replay)."""
+    return decide_replay(result, tolerances).match
 
 
 def replay_arrays(graph: Graph, inputs: dict[str, np.ndarray[Any, Any]], claimed: dict[str, np.ndarray[Any, Any]],
@@ -166,3 +217,27 @@ def replay_binding_outputs(record: WorkloadRecord, graph: Graph,
     result, outs = run_and_compare(graph, inputs, claimed, record)
     log.info("replayed", extra={"graph_id": graph.graph_id, "cached": result.cached, "run_s": result.run_s})
     return result, outs
+
+
+def compute_cut_graph(parent: Graph, piece: Graph) -> tuple[Graph, list[str]]:
+    """Return the parent's upstream slice that computes a slice's cut edges, and those edges (parent SSA names)."""
+    cuts = [get_parent_edge(s.name) for s in piece.inputs if s.name.startswith(CUT_PREFIX)]
+    if not cuts:
+        raise UnknownObject("the slice has no cut edge", obj=piece.graph_id)
+    producer = {v: op.op_id for op in parent.ops for v in op.results}
+    missing = [v for v in cuts if v not in producer]
+    if missing:
+        raise UnknownObject(f"cut edges not computed by the parent: {missing[:5]}", obj=parent.graph_id)
+    ops = compute_ops_upstream(parent, [producer[v] for v in cuts])
+    return compute_slice(parent, ops, cuts, name=f"{parent.name}[cuts of {piece.graph_id[:12]}]"), cuts
+
+
+def compute_cut_values(parent: Graph, piece: Graph, inputs: dict[str, np.ndarray[Any, Any]],
+                       record: WorkloadRecord | None = None) -> dict[str, np.ndarray[Any, Any]]:
+    """Return a slice's cut-edge values (by parent SSA name) replayed with IREE from the parent's inputs."""
+    upstream, cuts = compute_cut_graph(parent, piece)
+    if record is not None and not record.readonly:
+        record.put_graph(upstream)  # (its compiled module is cached by graph id)
+    _, outs = run_and_compare(upstream, {s.name: inputs[s.name] for s in upstream.inputs if s.name in inputs}, {},
+                              record)
+    return dict(zip(cuts, outs, strict=True))

@@ -194,17 +194,22 @@ class IreeRecordReplayer:
 
     def replay_logits(self, inference: RecordedInference) -> ReplayedLogits:
         """Replay the verification graph (the verifier's own export when it has one) and return N logits rows."""
+        graph, own, outputs, cached, compile_s, run_s = self.run_verification(inference)
+        logits = outputs[[s.name for s in graph.outputs].index("logits")]
+        p, n = inference.prompt_ids.size, inference.output_ids.size
+        rows = np.asarray(logits[p - 1:p - 1 + n], dtype=np.float32)
+        return ReplayedLogits(graph.graph_id, rows, own, cached, compile_s, run_s)
+
+    def run_verification(self, inference: RecordedInference) -> tuple[Graph, bool | None, list[np.ndarray[Any, Any]],
+                                                                       bool, float, float]:
+        """Run the verification graph on an inference's fed ids: (graph, own, outputs, cached, compile s, run s)."""
         graph, own = self._select_graph(inference)
         compiled, args, cached, compile_s = self._load(graph)
         fed = compute_fed_ids(inference.prompt_ids, inference.output_ids, get_input_length(graph))
         call = [fed if s.name == "input_ids" else args[s.name] for s in graph.inputs]
         t0 = time.perf_counter()
         outputs = compiled.run(call)
-        run_s = time.perf_counter() - t0
-        logits = outputs[[s.name for s in graph.outputs].index("logits")]
-        p, n = inference.prompt_ids.size, inference.output_ids.size
-        rows = np.asarray(logits[p - 1:p - 1 + n], dtype=np.float32)
-        return ReplayedLogits(graph.graph_id, rows, own, cached, compile_s, run_s)
+        return graph, own, outputs, cached, compile_s, time.perf_counter() - t0
 
     def _select_graph(self, inference: RecordedInference) -> tuple[Graph, bool | None]:
         if self.own_graphs is None or self.cache is None:

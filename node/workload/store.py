@@ -26,6 +26,7 @@ content addresses and raises a typed error that names the object.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,12 +45,15 @@ import plyvel
 import safetensors
 import safetensors.numpy
 
+from node.protocol.hashing import ZERO32
+from node.protocol.merkle import compute_leaf_hash, compute_merkle_root
 from node.workload.bind import Binding, verify_binding
 from node.workload.errors import (
     ConflictingObject,
     CorruptedEntry,
     InvalidObject,
     RecordLocked,
+    RootMismatch,
     TamperedTensor,
     TruncatedBlob,
     UnknownObject,
@@ -129,45 +134,130 @@ class WorkloadRecord:
         self._db = db
         self._snapshot = snapshot
         self._lock = threading.RLock()
+        self._buckets: list[list[bytes]] = [[] for _ in range(ROOT_BUCKETS)]  # sorted leaf hashes per bucket
+        self._bucket_roots = [ZERO32] * ROOT_BUCKETS
+        self._leaves = 0
+        # a reader's snapshot goes when it is closed, collected, or at interpreter exit (whichever first)
+        self._cleanup = weakref.finalize(self, _drop_snapshot, db, snapshot)
 
     @classmethod
-    def open(cls, path: Path, *, readonly: bool = False) -> WorkloadRecord:
-        """Open (or, for the writer, create) the record at path."""
+    def open(cls, path: Path, *, readonly: bool = False, expected_root: bytes | None = None,
+             reroot: bool = False) -> WorkloadRecord:
+        """Open (or, for the writer, create) the record at path; its entries must hash to its committed root.
+
+        A record whose index does not hash to the root in ``ROOT`` (or to ``expected_root``, e.g. the one
+        the prover signed) raises RootMismatch. ``reroot`` (writer only) accepts the index as it is and
+        commits its root: for a record written before roots, or one the prover repaired by hand.
+        """
         path = Path(path)
         index = path / "index"
         if readonly:
             if not (index / "CURRENT").exists():
                 raise UnknownObject("no workload record here", obj=str(path))
-            snapshot = Path(tempfile.mkdtemp(prefix="workload-snapshot-"))
-            shutil.copytree(index, snapshot / "index", ignore=shutil.ignore_patterns("LOCK"))
-            try:
-                db = plyvel.DB(str(snapshot / "index"), create_if_missing=False)
-            except plyvel.Error as exc:
-                shutil.rmtree(snapshot, ignore_errors=True)
-                raise CorruptedEntry(f"index does not open ({exc})", obj=str(index)) from exc
-            return cls(path, db, True, snapshot)
+            remove_stale_snapshots()
+            for attempt in range(SNAPSHOT_ATTEMPTS):  # a writer committing during the copy: copy again
+                before = read_committed_roots(path)
+                snapshot = Path(tempfile.mkdtemp(prefix=f"{SNAPSHOT_PREFIX}{os.getpid()}-"))
+                try:
+                    shutil.copytree(index, snapshot / "index", ignore=shutil.ignore_patterns("LOCK"))
+                    db = plyvel.DB(str(snapshot / "index"), create_if_missing=False)
+                except plyvel.Error as exc:
+                    shutil.rmtree(snapshot, ignore_errors=True)
+                    raise CorruptedEntry(f"index does not open ({exc})", obj=str(index)) from exc
+                except BaseException:
+                    shutil.rmtree(snapshot, ignore_errors=True)
+                    raise
+                rec = cls(path, db, True, snapshot)
+                try:
+                    rec._load_leaves()
+                    committed = before | read_committed_roots(path)
+                    if rec.root_hash in committed or attempt == SNAPSHOT_ATTEMPTS - 1:
+                        rec._check_root(committed, expected_root)
+                        return rec
+                except BaseException:
+                    rec.close()
+                    raise
+                rec.close()
         (path / "blobs").mkdir(parents=True, exist_ok=True)
+        fresh = not (index / "CURRENT").exists()
         try:
             db = plyvel.DB(str(index), create_if_missing=True)
         except plyvel.IOError as exc:
             raise RecordLocked(f"{path} is being written by another process ({exc})") from exc
         except plyvel.Error as exc:
             raise CorruptedEntry(f"index does not open ({exc})", obj=str(index)) from exc
-        return cls(path, db, False, None)
+        rec = cls(path, db, False, None)
+        try:
+            rec._load_leaves()
+            committed = read_committed_roots(path)
+            if fresh or (reroot and not committed):
+                rec._commit_root()  # a new record, or one recorded before roots existed (explicitly accepted)
+            else:
+                rec._check_root(committed, expected_root, reroot)
+                if rec.root_hash not in read_committed_roots(path, pending=False):
+                    rec._commit_root()  # the writer crashed after a batch, before its root: the pending root
+        except BaseException:
+            rec.close()
+            raise
+        return rec
 
     def close(self) -> None:
         """Close the index (and drop a reader's snapshot)."""
         with self._lock:
-            if not self._db.closed:
-                self._db.close()
-            if self._snapshot is not None:
-                shutil.rmtree(self._snapshot, ignore_errors=True)
+            self._cleanup()
 
     def __enter__(self) -> WorkloadRecord:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ---- the record root ----------------------------------------------------------------------------
+
+    @property
+    def root_hash(self) -> bytes:
+        """Return the Merkle root over every rooted index entry (graphs, traces, tensor refs, devices, …)."""
+        with self._lock:
+            return compute_merkle_root([*self._bucket_roots, self._leaves.to_bytes(32, "big")])
+
+    @property
+    def leaf_count(self) -> int:
+        """Return how many index entries the root covers."""
+        return self._leaves
+
+    def _add_leaf(self, key: str, raw: bytes) -> int:
+        leaf = compute_record_leaf(key, raw)
+        bucket = leaf[0] % ROOT_BUCKETS
+        bisect.insort(self._buckets[bucket], leaf)
+        self._leaves += 1
+        return bucket
+
+    def _load_leaves(self) -> None:
+        with self._lock:
+            for key, raw in self._db.iterator():
+                if is_rooted(key.decode(errors="replace")):
+                    self._add_leaf(key.decode(errors="replace"), raw)
+            self._bucket_roots = [compute_merkle_root(b) for b in self._buckets]
+
+    def _check_root(self, committed: set[bytes], expected_root: bytes | None, reroot: bool = False) -> None:
+        root = self.root_hash
+        if expected_root is not None and root != expected_root:
+            raise RootMismatch(f"the record's root {root.hex()} is not the expected {expected_root.hex()}",
+                               obj=str(self.root_path))
+        if root not in committed and not (reroot and not self.readonly):
+            raise RootMismatch(f"the index hashes to {root.hex()} over {self._leaves} entries, not to its committed "
+                               f"root ({', '.join(sorted(c.hex()[:16] for c in committed)) or 'none'})",
+                               obj=str(self.root_path))
+
+    def _commit_root(self) -> None:
+        """Write the current root to ROOT (temp file, fsync, rename) and drop a pending one."""
+        write_root_file(self.root_path, self.root_hash, self._leaves)
+        (self.root_path.parent / PENDING_ROOT).unlink(missing_ok=True)
+
+    @property
+    def root_path(self) -> Path:
+        """Return the path of the committed-root file."""
+        return self.root / ROOT_FILE
 
     # ---- index entries ----------------------------------------------------------------------------
 
@@ -209,9 +299,30 @@ class WorkloadRecord:
                     fresh[key] = value
                 elif compute_canonical_json(existing) != compute_canonical_json(value):
                     raise ConflictingObject("already recorded with different content", obj=display_key(key))
-            with self._db.write_batch(sync=True) as batch:
-                for key, value in fresh.items():
-                    batch.put(key.encode(), encode_entry(value))
+            if not fresh:
+                return
+            encoded = {key: encode_entry(value) for key, value in fresh.items()}
+            leaves = [compute_record_leaf(key, raw) for key, raw in encoded.items() if is_rooted(key)]
+            dirty = {leaf[0] % ROOT_BUCKETS for leaf in leaves}
+            saved = ({b: list(self._buckets[b]) for b in dirty}, list(self._bucket_roots), self._leaves)
+            for leaf in leaves:
+                bisect.insort(self._buckets[leaf[0] % ROOT_BUCKETS], leaf)
+            self._leaves += len(leaves)
+            for bucket in dirty:
+                self._bucket_roots[bucket] = compute_merkle_root(self._buckets[bucket])
+            try:
+                if dirty:  # the root this batch will give, written before it: a crash in between is recoverable
+                    write_root_file(self.root / PENDING_ROOT, self.root_hash, self._leaves)
+                with self._db.write_batch(sync=True) as batch:
+                    for key, raw in encoded.items():
+                        batch.put(key.encode(), raw)
+            except BaseException:
+                for bucket, content in saved[0].items():
+                    self._buckets[bucket] = content
+                self._bucket_roots, self._leaves = saved[1], saved[2]
+                raise
+            if dirty:  # the pending root becomes the root (a rename: no second fsync per batch)
+                os.replace(self.root / PENDING_ROOT, self.root_path)
 
     # ---- devices ---------------------------------------------------------------------------------
 
@@ -430,13 +541,24 @@ class WorkloadRecord:
     def put_compiled(self, graph_id: str, target: str, module: bytes) -> None:
         """Cache a compiled module for a recorded graph."""
         self.get_graph_entry(graph_id)
-        sha = self.put_bytes(module)
-        self._put_new({f"vmfb/{graph_id}\0{target}": {"sha256": sha}})
+        if self.readonly:
+            raise WorkloadError("the record is open read-only", obj=str(self.root))
+        sha = hashlib.sha256(module).hexdigest()
+        self._write_blob(self._blob_path(sha, ".bin"), module)  # a cache: outside the record root
+        self._put_new({f"vmfb/{graph_id}\0{target}": {"sha256": sha, "size": len(module)}})
 
     def get_compiled(self, graph_id: str, target: str) -> bytes | None:
-        """Return a cached compiled module, or None."""
+        """Return a cached compiled module (re-verified against its sha256), or None."""
         entry = self._get(f"vmfb/{graph_id}\0{target}")
-        return None if entry is None else self.get_bytes(str(entry["sha256"]))
+        if entry is None:
+            return None
+        sha = str(entry["sha256"])
+        if "size" not in entry:
+            return self.get_bytes(sha)
+        data = self._read_blob(self._blob_path(sha, ".bin"), sha, int(entry["size"]))
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise TamperedTensor("compiled module does not hash to its address", obj=sha)
+        return data
 
     # ---- bindings --------------------------------------------------------------------------------
 
@@ -468,12 +590,27 @@ class WorkloadRecord:
         self._put_new({f"trace/{trace.trace_id}": to_json(trace), f"gtrace/{trace.graph_id}\0{trace.trace_id}": {}})
 
     def get_trace(self, trace_id: str) -> Trace:
-        """Return a recorded trace."""
-        return parse_entry(f"trace/{trace_id}", self._require(f"trace/{trace_id}", "trace"), trace_from_json)
+        """Return a recorded trace; its devices (and its graph's ops, when recorded) must exist."""
+        trace = parse_entry(f"trace/{trace_id}", self._require(f"trace/{trace_id}", "trace"), trace_from_json)
+        self._verify_trace(trace, {d.device_id for d in self.devices()})
+        return trace
 
     def traces(self) -> list[Trace]:
-        """Return every recorded trace."""
-        return [parse_entry(k, v, trace_from_json) for k, v in self._scan("trace/")]
+        """Return every recorded trace (each checked as get_trace does)."""
+        device_ids = {d.device_id for d in self.devices()}
+        traces = [parse_entry(k, v, trace_from_json) for k, v in self._scan("trace/")]
+        for trace in traces:
+            self._verify_trace(trace, device_ids)
+        return traces
+
+    def _verify_trace(self, trace: Trace, device_ids: set[str]) -> None:
+        graph_entry = self._get(f"graph/{trace.graph_id}")
+        try:
+            op_ids = None if graph_entry is None else {str(op["op_id"]) for op in graph_entry["ops"]}
+            verify_trace_refs(trace, device_ids, op_ids)
+        except (UnknownObject, KeyError, TypeError) as exc:
+            raise CorruptedEntry(f"recorded trace is inconsistent with the record ({exc})",
+                                 obj=f"trace/{trace.trace_id}") from exc
 
     def trace_ids(self, after: str | None = None, limit: int | None = None) -> list[str]:
         """Return trace ids in order (after: exclusive start id; limit: at most)."""
@@ -483,6 +620,93 @@ class WorkloadRecord:
         """Return the ids of the traces that executed a graph (or name its pending key), in order."""
         prefix = f"gtrace/{graph_id}\0"
         return [k[len(prefix):] for k, _ in self._scan(prefix, after, limit)]
+
+
+SNAPSHOT_PREFIX = "workload-snapshot-"
+SNAPSHOT_ATTEMPTS = 3
+ROOT_FILE = "ROOT"  # {"root": hex, "leaves": n}: the committed Merkle root of the index
+PENDING_ROOT = "ROOT.pending"  # the root of the batch being written (a crash between batch and ROOT)
+ROOT_BUCKETS = 256  # leaves grouped by their first byte: a write re-hashes one bucket, not the whole record
+LEAF_DOMAIN = b"verinfer/workload-record/v1\0"
+
+
+def is_rooted(key: str) -> bool:
+    """Check whether an index key is covered by the record root (everything but the compiled-module cache)."""
+    return not key.startswith("vmfb/")
+
+
+def compute_record_leaf(key: str, raw: bytes) -> bytes:
+    """Return the Merkle leaf of one index entry: its key and its stored checksum (which binds its body)."""
+    return compute_leaf_hash(LEAF_DOMAIN + key.encode() + b"\0" + raw[:64])
+
+
+def write_root_file(path: Path, root: bytes, leaves: int) -> None:
+    """Write a root file atomically (temp file, fsync, rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-root-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"root": root.hex(), "leaves": leaves}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_committed_roots(path: Path, pending: bool = True) -> set[bytes]:
+    """Return the roots a record folder commits to: ROOT's, and (pending) the one of a batch in flight."""
+    roots = set()
+    for name in (ROOT_FILE, PENDING_ROOT) if pending else (ROOT_FILE,):
+        try:
+            data = json.loads((path / name).read_text())
+            root = bytes.fromhex(data["root"])
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RootMismatch(f"unreadable root file ({exc})", obj=str(path / name)) from exc
+        if len(root) != 32:
+            raise RootMismatch("root file does not hold a 32-byte root", obj=str(path / name))
+        roots.add(root)
+    return roots
+
+
+def _drop_snapshot(db: Any, snapshot: Path | None) -> None:
+    """Close an index and remove a reader's snapshot folder (the finaliser of a WorkloadRecord)."""
+    if not db.closed:
+        db.close()
+    if snapshot is not None:
+        shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_snapshots(directory: Path | None = None) -> int:
+    """Remove reader snapshots left by processes that died without cleanup (killed); return how many."""
+    base = Path(directory or tempfile.gettempdir())
+    removed = 0
+    try:
+        candidates = list(base.glob(f"{SNAPSHOT_PREFIX}*-*"))
+    except OSError:
+        return 0
+    for folder in candidates:
+        pid_text = folder.name[len(SNAPSHOT_PREFIX):].split("-", 1)[0]
+        try:
+            owned = folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if owned and pid_text.isdigit() and int(pid_text) != os.getpid() and not _is_alive(int(pid_text)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def binding_from_json(d: dict[str, Any]) -> Binding:

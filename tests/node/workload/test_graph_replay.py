@@ -112,14 +112,14 @@ def test_slice_of_the_input_norm_replays_like_torch(tiny: Any, layer: tuple[Expo
     roots = [op.op_id for op in graph.ops if any(v == "%arg9" for v in op.operands)]  # ops reading "hidden"
     between = compute_slice(graph, compute_ops_between(graph, roots, [producer.op_id]), [norm_value])
     assert "hidden" in {s.name for s in between.inputs}  # plus cut edges (SSA names) from side branches
-    assert any(s.name.startswith("%") and s.role == "activation" for s in between.inputs)
+    assert any(s.name.startswith("cut:%") and s.role == "activation" for s in between.inputs)
     piece = compute_slice(graph, compute_ops_upstream(graph, [producer.op_id]), [norm_value])
     assert piece.parent_id == graph.graph_id and len(piece.ops) < len(graph.ops) // 3
     assert {s.name for s in piece.inputs} == {"hidden", "input_layernorm.weight"}
-    assert compute_value_specs(piece)[norm_value].shape == (T, 128)
+    assert compute_value_specs(piece)[f"out:{norm_value}"].shape == (T, 128)
     norm = tiny.engine.model.get_decoder().layers[0].input_layernorm
     with torch.no_grad():
         expected = norm(exported.values["hidden"]).reshape(T, 128).numpy()
     inputs = {s.name: exported.values[s.name].numpy() for s in piece.inputs}
-    result = replay_arrays(piece, inputs, {norm_value: expected})
+    result = replay_arrays(piece, inputs, {f"out:{norm_value}": expected})
     assert is_replay_match(result), result

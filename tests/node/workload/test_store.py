@@ -14,6 +14,7 @@ from node.workload.errors import (
     ConflictingObject,
     CorruptedEntry,
     RecordLocked,
+    RootMismatch,
     TamperedTensor,
     TruncatedBlob,
     UnknownObject,
@@ -116,7 +117,9 @@ def test_corrupted_index_entry(tmp_path: Path, add_graph: Graph) -> None:
     db.put(b"device/d", raw[:-2] + b"9}")  # flipped byte, checksum left as it was
     db.put(f"graph/{add_graph.graph_id}".encode(), encode_entry({"kind": "logical"}))  # valid checksum, bad shape
     db.close()
-    with WorkloadRecord.open(tmp_path / "r") as rec:
+    with pytest.raises(RootMismatch):  # the record as a whole no longer hashes to its root
+        WorkloadRecord.open(tmp_path / "r", readonly=True)
+    with WorkloadRecord.open(tmp_path / "r", reroot=True) as rec:  # accepted as it is: each entry still checked
         with pytest.raises(CorruptedEntry, match="device/d"):
             rec.get_device("d")
         with pytest.raises(CorruptedEntry, match=add_graph.graph_id):
