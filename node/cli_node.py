@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -86,6 +87,7 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
     configure_logging()
     cfg = load_config(config)
     account = unlock_keystore(cfg.keystore, read_password(cfg.password_file))
+    stack = contextlib.ExitStack()  # what the slots hold open (the IREE cache records) until the node stops
     slots = {}
     for name in cfg.models:
         spec = get_model_spec(name)
@@ -98,8 +100,10 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
             continue
         # kind-1 fingerprints are recomputed at the registered dtype, recording the projection's layers (§12)
         projection_engine = load_projection_engine(files.path, spec)
-        slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat),
-                                          TransformersEngine(files.path, name, TransformersOptions()),
+        engine: Any = TransformersEngine(files.path, name, TransformersOptions())
+        if cfg.stage2_backend == "iree":  # stage 2's prefill on the validator's own verification graph (IREE)
+            engine = open_iree_engine(engine, name, files.model_id, cfg.data_dir / "iree-cache", stack)
+        slots[files.model_id] = ModelSlot(files, ModelTokenizer(files.path, spec.chat), engine,
                                           profile.stage2_thresholds(), projection=profile.projection_thresholds(),
                                           projection_engine=projection_engine)
     hub = Hub(Web3(Web3.HTTPProvider(cfg.rpc_url)), cfg.contract)
@@ -113,7 +117,18 @@ def validator_run(config: Path = typer.Option(..., help="Validator TOML (see con
                           f"metrics http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             await node.run(stop)
 
-    _run_until_signal(main)
+    with stack:
+        _run_until_signal(main)
+
+
+def open_iree_engine(engine: Any, name: str, model_id: bytes, cache_dir: Path, stack: contextlib.ExitStack) -> Any:
+    """Return the engine with stage 2's prefill replayed by IREE on the validator's own verification graph (its
+    exports and compiled modules cached in a workload record under cache_dir, held open by stack)."""
+    from node.workload.iree_prefill import IreePrefillEngine
+    from node.workload.store import WorkloadRecord
+
+    record = stack.enter_context(WorkloadRecord.open(cache_dir / name))
+    return IreePrefillEngine(engine, engine.model, name, model_id.hex(), engine.options.dtype, record)
 
 
 def build_moe_service(cfg: ValidatorConfig, account: LocalAccount, hub: Hub, store: Store,

@@ -170,3 +170,14 @@ def test_the_floor_checker_sees_a_planted_upward_import_and_circle(tmp_path):
         assert {"node.protocol", "node.validator"} in circles(edges)
     finally:
         planted.unlink()
+
+
+def test_no_file_refers_to_a_file_outside_the_repository():
+    """The spec lives in the repository (docs/): no code, contract, test, script or doc cites the shared design file."""
+    roots = ["node", "chain", "contracts/src", "contracts/test", "tests", "scripts", "docs", ".ci"]
+    paths = [p for r in roots for p in (ROOT / r).rglob("*") if p.is_file() and p.suffix in
+             {".py", ".sol", ".md", ".toml", ".sh", ""} and p != Path(__file__).resolve()]
+    paths += [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / "Dockerfile"]
+    cited = [str(p.relative_to(ROOT)) for p in paths
+             if any(s in p.read_text(errors="replace") for s in ("DESIGN.md", "DESIGN §", "../shared"))]
+    assert not cited, cited

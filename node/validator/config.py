@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -62,6 +62,10 @@ class ValidatorConfig(BaseSettings):
     safety_window: int = Field(64, ge=4)
     poll_interval: float = Field(1.0, gt=0)
     fetch_timeout: float = Field(10.0, gt=0)
+    stage2_backend: Literal["torch", "iree"] = Field("torch", description="what computes stage 2's prefill of a "
+                                                     "canonical-sampler model: transformers (torch), or the "
+                                                     "validator's own verification graph replayed with IREE (same "
+                                                     "profile and decision; docs/workload.md)")
     verify_batch: int = Field(1, ge=1, le=32, description="checks run at once; their prefills of one model share "
                               "one batched forward pass (1: one inference at a time)")
     batch_wait: float = Field(0.02, ge=0, le=1, description="seconds a prefill waits for others to join its batch")

@@ -1,4 +1,4 @@
-"""The protocol's canonical sampler (DESIGN.md §2, node/protocol/sampler.py) as a StableHLO graph.
+"""The protocol's canonical sampler (docs/protocol.md §2, node/protocol/sampler.py) as a StableHLO graph.
 
 temperature → softmax (float32) → stable descending sort (ties: lower id) → top-k mask → top-p
 mask (float32 cumulative sum) → integer weights floor(p·2^32/Z) in float64 → walk with v. The

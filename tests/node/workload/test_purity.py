@@ -1,4 +1,4 @@
-"""The workload record's data model, trace export and device registry do no I/O, like node/protocol (DESIGN §6)."""
+"""The workload record's data model, trace export and device registry do no I/O, like node/protocol."""
 
 from pathlib import Path
 
