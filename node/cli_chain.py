@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from web3 import Web3
 from chain.contracts import Hub, HubConfig, ModelState, Role
 from chain.deploy import deploy, read_deployment, write_deployment
 from chain.errors import ChainError
+from node.profiles import UncalibratedProfile, model_registration
 
 console = Console(soft_wrap=True)  # hashes and addresses must stay on one line
 chain_app = typer.Typer(help="Deploy and inspect the Verinfer contract.", no_args_is_help=True)
@@ -129,42 +129,6 @@ def _show(hub: Hub, address: str) -> None:
                   f"credits {Web3.from_wei(hub.credits(address), 'ether')} ETH")
 
 
-@dataclass(frozen=True)
-class Registration:
-    """What the contract's registry holds of a model: id, K, vocabulary, α, β (1e18), profile hash, stop tokens."""
-
-    model_id: bytes
-    k: int
-    vocab_size: int
-    alpha: int
-    beta: int
-    profile_hash: bytes
-    stop_tokens: tuple[int, ...]
-
-    def register(self, hub: Hub, account: LocalAccount, min_check_rate: int, min_fee: int) -> None:
-        """Register this model on the hub."""
-        hub.register_model(account, self.model_id, self.k, self.vocab_size, self.alpha, self.beta, min_check_rate,
-                           self.profile_hash, self.stop_tokens, min_fee)
-
-
-def model_registration(name: str) -> Registration:
-    """Return the registration of a registry model from its spec and calibrated profile."""
-    from node.engines.models import REPO_ROOT, get_model_spec, materialise_model
-    from node.protocol.hashing import keccak256
-
-    spec = get_model_spec(name)
-    profile_path = REPO_ROOT / spec.profile
-    raw = profile_path.read_bytes()
-    rates = tomllib.loads(raw.decode()).get("rates")
-    if not rates:
-        raise typer.BadParameter(f"{profile_path} is not calibrated (no [rates]): run `verinfer calibrate`")
-    alpha = max(float(rates["alpha_upper_95"]), 1e-6)  # the upper bound: an honest operator's benefit of doubt
-    beta = max(rates.get("beta_64_tokens", {}).values(), default=0.0)  # the hardest attack measured
-    files = materialise_model(spec)
-    return Registration(files.model_id, spec.k, spec.vocab_size, math.ceil(alpha * WAD),
-                        min(math.ceil(beta * WAD), WAD - 1), keccak256(raw), tuple(sorted(spec.stop_token_ids)))
-
-
 @models_app.command("register")
 def models_register(
     name: str = typer.Argument(..., help="Model name in config/models.toml."),
@@ -175,7 +139,10 @@ def models_register(
 ) -> None:
     """Register a model with its calibrated α, β, K, profile hash, stop tokens and minimum fee (governor only)."""
     hub, account = connect(rpc, contract, deployment), load_account(key_env)
-    r = model_registration(name)
+    try:
+        r = model_registration(name)
+    except UncalibratedProfile as e:
+        raise typer.BadParameter(str(e)) from e
     _run(lambda: r.register(hub, account, math.ceil(min_check_rate * WAD), Web3.to_wei(min_fee_eth, "ether")))
     _run(lambda: hub.advance_model_to(account, r.model_id, ModelState[state.upper()]))
     console.print(f"registered {name} as 0x{r.model_id.hex()}: K {r.k}, vocab {r.vocab_size}, "

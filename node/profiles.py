@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -11,9 +14,17 @@ from node.checks.decision import Stage2Thresholds
 from node.checks.fingerprint import FingerprintThresholds
 from node.checks.projection import ProjectionThresholds
 from node.checks.stock_decision import StockThresholds
-from node.engines.models import REPO_ROOT, ModelSpec
+from node.engines.models import REPO_ROOT, ModelSpec, get_model_spec, materialise_model
 from node.errors import FatalError, Reason
+from node.protocol.hashing import keccak256
 from node.protocol.projection import LAST_HIDDEN
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from chain.contracts import Hub
+
+WAD = 10**18
 
 
 class ProfileMeta(BaseModel):
@@ -183,3 +194,40 @@ def load_profile(spec: ModelSpec) -> tuple[Path, ModelProfile]:
                              f"{sorted(profile.projection.by_source)} but {spec.name} registers {sorted(registered)}",
                              Reason.UNKNOWN_MODEL)
     return path, profile
+
+
+class UncalibratedProfile(FatalError):
+    """A model whose profile has no measured rates cannot be registered (run `verinfer calibrate` first)."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the contract's registry holds of a model: id, K, vocabulary, α, β (1e18), profile hash, stop tokens."""
+
+    model_id: bytes
+    k: int
+    vocab_size: int
+    alpha: int
+    beta: int
+    profile_hash: bytes
+    stop_tokens: tuple[int, ...]
+
+    def register(self, hub: Hub, account: LocalAccount, min_check_rate: int, min_fee: int) -> None:
+        """Register this model on the hub."""
+        hub.register_model(account, self.model_id, self.k, self.vocab_size, self.alpha, self.beta, min_check_rate,
+                           self.profile_hash, self.stop_tokens, min_fee)
+
+
+def model_registration(name: str) -> Registration:
+    """Return the registration of a registry model from its spec and calibrated profile."""
+    spec = get_model_spec(name)
+    profile_path = REPO_ROOT / spec.profile
+    raw = profile_path.read_bytes()
+    rates = tomllib.loads(raw.decode()).get("rates")
+    if not rates:
+        raise UncalibratedProfile(f"{profile_path} is not calibrated (no [rates]): run `verinfer calibrate`")
+    alpha = max(float(rates["alpha_upper_95"]), 1e-6)  # the upper bound: an honest operator's benefit of doubt
+    beta = max(rates.get("beta_64_tokens", {}).values(), default=0.0)  # the hardest attack measured
+    files = materialise_model(spec)
+    return Registration(files.model_id, spec.k, spec.vocab_size, math.ceil(alpha * WAD),
+                        min(math.ceil(beta * WAD), WAD - 1), keccak256(raw), tuple(sorted(spec.stop_token_ids)))

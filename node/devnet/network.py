@@ -312,7 +312,7 @@ class Devnet:
 
     def start_chain(self) -> None:
         """Start anvil, deploy the contract, register the model (punitive) and bond every staker."""
-        from node.cli_chain import model_registration
+        from node.profiles import model_registration
 
         opts, out = self.options, self.options.out
         self.anvil = Anvil(accounts=TREASURY + 1, block_time=opts.block_time, log_path=out / "anvil.log").start()

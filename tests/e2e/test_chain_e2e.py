@@ -22,13 +22,12 @@ from chain.devnet import find_free_port as free_port
 from chain.txmanager import MemoryJournal, TxManager
 from node.calibrate.cheaters import ForgedChoiceEngine, PrefillAttackEngine
 from node.calibrate.models import make_int8_engine
-from node.cli_chain import model_registration
 from node.engines.transformers_engine import TransformersEngine, TransformersOptions
 from node.executer.chain_mode import ChainGate
 from node.executer.server import create_app
 from node.executer.service import ExecuterService
 from node.p2p.host import P2PHost, compute_peer_id
-from node.profiles import load_profile
+from node.profiles import load_profile, model_registration
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.reputation import PRIOR_WAD
 from node.protocol.sampler import SamplingParams

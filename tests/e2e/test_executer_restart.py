@@ -25,10 +25,10 @@ import pytest
 from chain.contracts import HubConfig, ModelState, Params, Role, Status
 from chain.deploy import deploy
 from chain.devnet import Anvil, dev_account, find_free_port, stop_process_group
-from node.cli_chain import model_registration
 from node.devnet.network import write_validator_config
 from node.keys import write_keystore
 from node.p2p.host import compute_peer_id
+from node.profiles import model_registration
 from node.protocol.prompt import compute_prompt_hash, normalise_messages
 from node.protocol.reputation import PRIOR_WAD
 from node.protocol.sampler import SamplingParams
