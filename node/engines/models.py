@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,11 @@ class ModelSpec(BaseModel):
     # How operators sample: "canonical" (verinfer's seeded sampler, stage 1 + stage 2) or "vllm-seeded" (stock
     # vLLM with the request seed of docs/protocol.md §13, checked by node.checks.stock; another name, model id).
     sampler: Literal["canonical", "vllm-seeded"] = "canonical"
+    # Who builds the weights of a source the registry cannot (an upcycled MoE): "package.module:function", taking
+    # (source, parent folder, out folder, seed) and returning the weights' sha256. The room that owns the model
+    # registers it here, in the registry's data; the registry imports it only when it materialises such a model
+    # (it never imports the room: docs/architecture.md).
+    builder: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_.]*:[a-z_][a-z0-9_]*$")
 
     @property
     def is_moe(self) -> bool:
@@ -99,6 +105,12 @@ class ModelSpec(BaseModel):
         """Check whether a validator needs a second engine for kind 1 (another dtype than its float32, or layers to
         record); a float32 entry projecting only the last hidden state reuses stage 2's prefill."""
         return self.projection is not None and (self.dtype != "float32" or bool(self.projection.decoder_layers()))
+
+    @model_validator(mode="after")
+    def _require_a_builder_for_built_sources(self) -> ModelSpec:
+        if self.is_moe != (self.builder is not None):
+            raise ValueError(f"{self.name}: an MoE source names its builder (module:function), no other source does")
+        return self
 
     @model_validator(mode="after")
     def _require_projection_for_kind_1(self) -> ModelSpec:
@@ -225,6 +237,15 @@ def materialise_model(spec: ModelSpec, cache_dir: Path | None = None) -> ModelFi
     return ModelFiles(spec, folder, bytes.fromhex(marker["weights_sha256"]))
 
 
+def get_builder(name: str) -> Callable[[str, Path, Path, int], bytes]:
+    """Return the builder function a registry entry names ("package.module:function")."""
+    module, _, function = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as e:
+        raise FatalError(f"model builder {name} not found: {e}") from e
+
+
 def _convert(spec: ModelSpec, cache: Path, folder: Path) -> dict[str, Any]:
     from node.engines import hf_convert  # torch/transformers only when a conversion is due
 
@@ -234,11 +255,9 @@ def _convert(spec: ModelSpec, cache: Path, folder: Path) -> dict[str, Any]:
     if spec.source == "tiny-random":
         tokenizer_dir = materialise_model(get_model_spec(spec.tokenizer_from or ""), cache).path
         weights_sha256 = hf_convert.build_tiny_llama(spec, tokenizer_dir, partial)
-    elif spec.source in ("upcycled-moe", "tiny-random-moe"):
-        from node.moe.model import build_moe_for_spec  # MoE built from its dense parent (issue 20)
-
-        dense_dir = materialise_model(get_model_spec(spec.tokenizer_from or ""), cache).path
-        weights_sha256 = build_moe_for_spec(spec.source, dense_dir, partial, spec.seed)
+    elif spec.builder is not None:  # built from its parent by the room that registered the builder (an MoE)
+        parent_dir = materialise_model(get_model_spec(spec.tokenizer_from or ""), cache).path
+        weights_sha256 = get_builder(spec.builder)(spec.source, parent_dir, partial, spec.seed)
     else:
         gguf = locate_gguf(spec, cache)
         weights_sha256 = sha256_file(gguf)

@@ -95,3 +95,20 @@ def test_a_spec_without_stop_tokens_is_refused():
     spec["stop_token_ids"] = []
     with pytest.raises(ValueError):
         ModelSpec(**spec)
+
+
+def test_an_moe_entry_names_its_builder_and_the_registry_resolves_it_only_when_asked():
+    """The registry never imports the MoE room: the entry names its builder (config/models.toml)."""
+    from node.engines.models import get_builder
+    from node.errors import FatalError
+
+    spec = get_model_spec("tiny-moe")
+    assert spec.is_moe and spec.builder == "node.moe.model:build_moe_for_spec"
+    assert get_builder(spec.builder).__name__ == "build_moe_for_spec"
+    for name, builder in (("tiny-moe", None), ("tiny-llama", "node.moe.model:build_moe_for_spec")):
+        raw = get_model_spec(name).model_dump()
+        raw["builder"] = builder
+        with pytest.raises(ValueError):  # an MoE source without one, or another source with one
+            ModelSpec(**raw)
+    with pytest.raises(FatalError):
+        get_builder("node.moe.model:no_such_builder")
