@@ -358,16 +358,7 @@ class WorkloadRecord:
         if path.exists():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file_atomically(path, data, ".tmp-")
 
     def _read_blob(self, path: Path, obj: str, size: int | None) -> bytes:
         try:
@@ -641,11 +632,16 @@ def compute_record_leaf(key: str, raw: bytes) -> bytes:
 
 
 def write_root_file(path: Path, root: bytes, leaves: int) -> None:
-    """Write a root file atomically (temp file, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-root-")
+    """Write a root file atomically."""
+    write_file_atomically(path, json.dumps({"root": root.hex(), "leaves": leaves}).encode(), ".tmp-root-")
+
+
+def write_file_atomically(path: Path, data: bytes, prefix: str) -> None:
+    """Write a file so that a reader sees the old bytes or the new, never a part (temp file, fsync, rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"root": root.hex(), "leaves": leaves}))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
